@@ -1,0 +1,3 @@
+from meshforge.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,317 @@
+"""The job configuration: one dataclass per TOML section; each component receives only its own section.
+
+Field docstrings (the string under each field) are the documentation `meshforge config show --help` prints.
+Allowed values of a field are declared with ``Literal``; range checks live in each section's ``validate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class Job:
+    dump_folder: str = "./outputs"
+    """Where metrics, checkpoints, traces and logs of this run are written."""
+    description: str = "meshforge training job"
+    """Free text shown in the first log line."""
+    log_rank: str = "0"
+    """Ranks that print to the console: a comma list ('0,3'), a range ('0-3') or 'all'."""
+    log_to_files: bool = False
+    """Every rank also writes its own log to <dump_folder>/logs/rank_R.log."""
+
+
+@dataclass
+class Model:
+    name: Literal["llama3"] = "llama3"
+    """Model family."""
+    flavor: str = "debugmodel"
+    """Model shape: tiny, debugmodel, 100m (CPU flavors) or 1B, 3B, 8B, 70B, 405B (official Llama 3 shapes)."""
+    tokenizer_path: str = "data/tokenizer/austen-bpe-2048.json"
+    """A tokenizers-library tokenizer.json, a tiktoken BPE file (Llama 3 tokenizer.model), or hf:<repo> (network)."""
+
+
+@dataclass
+class Training:
+    local_batch_size: int = 8
+    """Sequences per data-parallel rank per micro-step."""
+    seq_len: int = 256
+    """Tokens per sequence."""
+    steps: int = 50
+    """Optimizer steps to run."""
+    max_norm: float = 1.0
+    """Gradient clipping threshold on the global L2 norm (0 disables clipping)."""
+    seed: int = 42
+    """Seed of weights, data order and dropout-free randomness."""
+    deterministic: bool = False
+    """Use deterministic algorithms: same seed + same layout gives bitwise-identical losses."""
+    dataset: str = "austen"
+    """austen (shipped, offline), text (a local .txt/.txt.gz file or folder: dataset_path), or c4 / hf:<name> (network)."""
+    dataset_path: str = ""
+    """Path for dataset=text, or a local copy of a hub dataset."""
+    mixed_precision_param: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    """Dtype of parameters in forward/backward (FSDP2 MixedPrecisionPolicy, or autocast without FSDP)."""
+    mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of gradient reduction across data-parallel ranks."""
+    gradient_accumulation_steps: int = 1
+    """Micro-steps per optimizer step (global batch = dp degree x local batch x this)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device type: auto picks cuda when available."""
+
+    def validate(self) -> None:
+        _positive("training.local_batch_size", self.local_batch_size)
+        _positive("training.seq_len", self.seq_len)
+        _positive("training.steps", self.steps)
+        _positive("training.gradient_accumulation_steps", self.gradient_accumulation_steps)
+        if self.max_norm < 0:
+            raise ValueError(f"training.max_norm = {self.max_norm} must be >= 0 (0 disables clipping)")
+        if self.dataset == "text" and not self.dataset_path:
+            raise ValueError("training.dataset = 'text' needs training.dataset_path (a .txt file or folder)")
+
+
+@dataclass
+class Optimizer:
+    name: Literal["AdamW", "Adam"] = "AdamW"
+    """Optimizer class."""
+    lr: float = 8e-4
+    """Peak learning rate."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.95
+    """Adam beta2."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay."""
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optimizer.lr = {self.lr} must be > 0")
+        for key, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
+            if not 0 <= beta < 1:
+                raise ValueError(f"optimizer.{key} = {beta} must be in [0, 1)")
+        if self.eps <= 0 or self.weight_decay < 0:
+            raise ValueError("optimizer.eps must be > 0 and optimizer.weight_decay >= 0")
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = 2
+    """Linear warm-up steps from 0 to the peak lr."""
+    decay_type: Literal["linear", "cosine", "constant"] = "linear"
+    """Shape of the decay after warm-up, down to min_lr_factor x lr at the last step."""
+    min_lr_factor: float = 0.0
+    """Final lr as a fraction of the peak."""
+
+    def validate(self) -> None:
+        if self.warmup_steps < 0:
+            raise ValueError(f"lr_scheduler.warmup_steps = {self.warmup_steps} must be >= 0")
+        if not 0 <= self.min_lr_factor <= 1:
+            raise ValueError(f"lr_scheduler.min_lr_factor = {self.min_lr_factor} must be in [0, 1]")
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = 1
+    """HSDP replicas (DDP-style replication across groups of FSDP shards)."""
+    data_parallel_shard_degree: int = -1
+    """FSDP sharding degree; -1 = whatever the world size leaves after the other degrees."""
+    context_parallel_degree: int = 1
+    """Ranks that split each sequence (context parallel)."""
+    tensor_parallel_degree: int = 1
+    """Ranks that split each layer's matrices (tensor parallel, with sequence parallel on norms)."""
+    pipeline_parallel_degree: int = 1
+    """Pipeline stages' ranks (pipeline parallel)."""
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
+    """Free gathered parameters after forward: default = always, except never with pipeline parallel."""
+    enable_async_tensor_parallel: bool = False
+    """Overlap TP communication with matmuls (needs compile.enable and CUDA symmetric memory)."""
+    disable_loss_parallel: bool = False
+    """Gather the vocab-sharded logits before the loss instead of computing a vocab-parallel loss."""
+    enable_sequence_parallel: bool = True
+    """Shard norms and residuals along the sequence under tensor parallel."""
+    context_parallel_impl: Literal["auto", "allgather", "ring"] = "auto"
+    """allgather: gather K/V (works everywhere); ring: torch ring attention (CUDA); auto: ring on CUDA, else allgather."""
+    pipeline_parallel_schedule: str = "1F1B"
+    """GPipe, 1F1B, Interleaved1F1B (interleave_1f1b), LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV."""
+    pipeline_parallel_schedule_csv: str = ""
+    """A CSV file defining the schedule (see docs/pipeline.md); overrides pipeline_parallel_schedule."""
+    pipeline_parallel_microbatch_size: int = 1
+    """Sequences per pipeline microbatch; the local batch must be a multiple."""
+    pipeline_parallel_layers_per_stage: int = -1
+    """Transformer blocks per stage (-1: split evenly into as many stages as the schedule needs)."""
+    pipeline_parallel_first_stage_less_layers: int = 1
+    """Blocks fewer on the first stage (it also holds the embedding)."""
+    pipeline_parallel_last_stage_less_layers: int = 1
+    """Blocks fewer on the last stage (it also holds the norm and output projection)."""
+    module_fqns_per_model_part: list[list[str]] = field(default_factory=list)
+    """Explicit module names per stage, e.g. [["tok_embeddings", "layers.0"], ["layers.1", "norm", "output"]]."""
+
+    def validate(self) -> None:
+        for key in ("data_parallel_replicate_degree", "context_parallel_degree", "tensor_parallel_degree",
+                    "pipeline_parallel_degree", "pipeline_parallel_microbatch_size"):
+            _positive(f"parallelism.{key}", getattr(self, key))
+        if self.data_parallel_shard_degree == 0 or self.data_parallel_shard_degree < -1:
+            raise ValueError(
+                f"parallelism.data_parallel_shard_degree = {self.data_parallel_shard_degree} must be >= 1 or -1 (the rest)"
+            )
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: Literal["none", "full", "selective"] = "selective"
+    """none, full (recompute every block) or selective."""
+    selective_ac_option: str = "op"
+    """For mode=selective: 'op' (save matmul/attention outputs, recompute the rest) or N (checkpoint every N-th block)."""
+
+    def validate(self) -> None:
+        option = self.selective_ac_option
+        if option != "op" and not (option.isdigit() and int(option) >= 1):
+            raise ValueError(
+                f"activation_checkpoint.selective_ac_option = {option!r} must be 'op' or a positive integer"
+            )
+
+
+@dataclass
+class Compile:
+    enable: bool = False
+    """torch.compile each transformer block (and the loss)."""
+    backend: str = "inductor"
+    """torch.compile backend."""
+
+
+@dataclass
+class Float8:
+    enable: bool = False
+    """Float8 training of linear layers via torchao (CUDA needs compute capability >= 8.9)."""
+    recipe_name: Literal["tensorwise", "rowwise"] = "tensorwise"
+    """Scaling granularity."""
+    filter_fqns: list[str] = field(default_factory=lambda: ["output"])
+    """Linear layers (name substrings) kept in high precision."""
+    enable_fsdp_float8_all_gather: bool = True
+    """With tensorwise scaling under FSDP, all-gather weights in Float8."""
+    emulate: bool = False
+    """Emulate Float8 matmuls in high precision (for tests on hardware without Float8)."""
+
+
+@dataclass
+class DenseQuantize:
+    float8: Float8 = field(default_factory=Float8)
+
+
+@dataclass
+class Quantize:
+    dense: DenseQuantize = field(default_factory=DenseQuantize)
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = False
+    """Save checkpoints and resume from the latest complete one."""
+    folder: str = "checkpoint"
+    """Folder under job.dump_folder."""
+    interval: int = 500
+    """Save every this many steps (and at the last step)."""
+    keep_latest_k: int = 0
+    """Keep only the newest k complete checkpoints (0 keeps all)."""
+    async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "disabled"
+    """Save in the background; async_with_pinned_mem needs CUDA."""
+    load_step: int = -1
+    """Resume from this step (-1: the latest complete checkpoint)."""
+    last_save_model_only: bool = True
+    """The final checkpoint holds only model weights (for export)."""
+    export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the model-only final checkpoint."""
+    initial_load_path: str = ""
+    """Start from these weights (a seed checkpoint or an imported Hugging Face model) when no checkpoint exists."""
+    create_seed_checkpoint: bool = False
+    """Write the initial weights to <folder>/step-0 and exit (single process)."""
+
+    def validate(self) -> None:
+        _positive("checkpoint.interval", self.interval)
+        if self.keep_latest_k < 0 or self.keep_latest_k == 1:
+            raise ValueError(
+                f"checkpoint.keep_latest_k = {self.keep_latest_k} must be 0 (keep all) or >= 2 (a crash while saving "
+                "must leave a complete one)"
+            )
+
+
+@dataclass
+class Metrics:
+    log_freq: int = 10
+    """Log every this many steps (and the first and last)."""
+    enable_tensorboard: bool = False
+    """Also write TensorBoard events to <dump_folder>/tb."""
+    enable_wandb: bool = False
+    """Also log to Weights & Biases (needs the wandb package and a login)."""
+    progress_bar: bool = True
+    """Show a progress bar on rank 0 when the console is a terminal."""
+
+    def validate(self) -> None:
+        _positive("metrics.log_freq", self.log_freq)
+
+
+@dataclass
+class Comm:
+    init_timeout_seconds: int = 300
+    """Timeout for process-group start-up and the first step."""
+    train_timeout_seconds: int = 100
+    """Collective timeout after the first step: a rank that waits longer exits with a message."""
+
+    def validate(self) -> None:
+        _positive("comm.init_timeout_seconds", self.init_timeout_seconds)
+        _positive("comm.train_timeout_seconds", self.train_timeout_seconds)
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = False
+    """Write torch.profiler traces for a window of steps every profile_freq steps."""
+    save_traces_folder: str = "profile_traces"
+    """Folder under job.dump_folder."""
+    profile_freq: int = 10
+    """Steps between profiled windows."""
+    profiler_active: int = 1
+    """Profiled steps per window."""
+    profiler_warmup: int = 3
+    """Warm-up steps before each window."""
+    enable_memory_snapshot: bool = False
+    """CUDA allocator snapshots (also on OOM); on CPU the profiler's memory timeline."""
+    save_memory_snapshot_folder: str = "memory_snapshot"
+    """Folder under job.dump_folder."""
+
+
+@dataclass
+class JobConfig:
+    """The whole job: what `meshforge train` runs."""
+
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
+    quantize: Quantize = field(default_factory=Quantize)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    metrics: Metrics = field(default_factory=Metrics)
+    comm: Comm = field(default_factory=Comm)
+    profiling: Profiling = field(default_factory=Profiling)
+
+    def validate(self) -> None:
+        """Check every section alone; cross-section checks (degrees vs world size, heads vs TP) live with the mesh."""
+        from meshforge.model.flavors import get_flavor
+
+        get_flavor(self.model.flavor)
+        for section in (self.training, self.optimizer, self.lr_scheduler, self.parallelism,
+                        self.activation_checkpoint, self.checkpoint, self.metrics, self.comm):
+            section.validate()
+        if self.profiling.profile_freq < 1 or self.profiling.profiler_active < 1 or self.profiling.profiler_warmup < 0:
+            raise ValueError("profiling.profile_freq and profiling.profiler_active must be >= 1, profiler_warmup >= 0")
+
+
+def _positive(key: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{key} = {value} must be >= 1")

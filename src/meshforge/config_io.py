@@ -1,0 +1,209 @@
+"""TOML files and dotted CLI overrides -> a validated JobConfig. Precedence: CLI > TOML > defaults.
+
+Every user mistake raises ``ConfigError`` (a ValueError) with one line naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from meshforge.config import JobConfig
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration: the message is one line, printed without a traceback."""
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved type hints of a config dataclass."""
+    return typing.get_type_hints(cls)
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> JobConfig:
+    """Defaults, then the TOML file, then the dotted CLI overrides; validated."""
+    tree: dict[str, Any] = {}
+    if path:
+        tree = read_toml(path)
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(tree, key, value)
+    cfg = build(JobConfig, tree, prefix="")
+    try:
+        cfg.validate()
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return cfg
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--config {path}: no such file (configs/ holds the shipped ones)")
+    try:
+        return tomllib.loads(file.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+
+
+def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
+    """``--a.b value``, ``--a.b=value``, a bare ``--a.b`` switch (true for booleans) -> [(dotted key, typed value)]."""
+    pairs: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"unexpected argument {arg!r}: overrides look like --section.key value")
+        key, eq, raw = arg[2:].partition("=")
+        typ = type_of(key)
+        if eq:
+            i += 1
+        elif typ is bool:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is not None and nxt.lower() in _TRUE | _FALSE:
+                raw, i = nxt, i + 2
+            else:
+                raw, i = "true", i + 1
+        else:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"--{key} needs a value")
+            raw, i = argv[i + 1], i + 2
+        pairs.append((key, coerce(key, raw, typ)))
+    return pairs
+
+
+def type_of(dotted: str) -> Any:
+    """The declared type of a dotted key; ConfigError naming the valid keys of the section otherwise."""
+    cls: Any = JobConfig
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        hints = field_types(cls)
+        if part not in hints:
+            where = ".".join(parts[:depth]) or "the top level"
+            raise ConfigError(f"unknown config key {dotted!r}: {where} has {', '.join(sorted(hints))}")
+        typ = hints[part]
+        if depth == len(parts) - 1:
+            if dataclasses.is_dataclass(typ):
+                raise ConfigError(f"{dotted!r} is a section, not a key: it has {', '.join(sorted(field_types(typ)))}")
+            return typ
+        if not dataclasses.is_dataclass(typ):
+            raise ConfigError(f"unknown config key {dotted!r}: {'.'.join(parts[: depth + 1])} is not a section")
+        cls = typ
+    raise AssertionError("unreachable")
+
+
+def coerce(key: str, raw: str, typ: Any) -> Any:
+    """A CLI string to the field's type."""
+    if typ is bool:
+        if raw.lower() in _TRUE | _FALSE:
+            return raw.lower() in _TRUE
+        raise ConfigError(f"{key} = {raw!r} is not a boolean (use true or false)")
+    if typ in (int, float):
+        try:
+            return typ(raw)
+        except ValueError:
+            raise ConfigError(f"{key} = {raw!r} is not {'an integer' if typ is int else 'a number'}") from None
+    if get_origin(typ) is list:
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"] if raw.startswith("[") else [s for s in raw.split(",") if s]
+        except tomllib.TOMLDecodeError:
+            raise ConfigError(f"{key} = {raw!r} is not a list (use a,b or a TOML list)") from None
+        return value
+    return raw
+
+
+def build(cls: type, tree: dict[str, Any], prefix: str) -> Any:
+    """A dataclass from a nested dict, rejecting unknown keys and wrong types."""
+    hints = field_types(cls)
+    if not isinstance(tree, dict):
+        raise ConfigError(f"[{prefix.rstrip('.')}] must be a table of keys")
+    unknown = sorted(set(tree) - set(hints))
+    if unknown:
+        where = f"section [{prefix.rstrip('.')}]" if prefix else "the top level"
+        raise ConfigError(f"unknown config key {prefix + unknown[0]!r}: {where} has {', '.join(sorted(hints))}")
+    kwargs = {}
+    for name, value in tree.items():
+        typ, key = hints[name], prefix + name
+        if dataclasses.is_dataclass(typ):
+            kwargs[name] = build(typ, value, key + ".")  # type: ignore[arg-type]
+        else:
+            kwargs[name] = check_type(key, value, typ)
+    return cls(**kwargs)
+
+
+def check_type(key: str, value: Any, typ: Any) -> Any:
+    """The value if it has the declared type (ints accepted for floats); ConfigError otherwise."""
+    origin = get_origin(typ)
+    if origin is Literal:
+        allowed = get_args(typ)
+        if value not in allowed:
+            raise ConfigError(f"{key} = {value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        for option in get_args(typ):
+            try:
+                return check_type(key, value, option)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key} = {value!r} has the wrong type ({typ})")
+    if origin is list:
+        (item,) = get_args(typ)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} = {value!r} must be a list")
+        return [check_type(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is type(None) and value is None:
+        return None
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ConfigError(f"{key} = {value!r} must be {typ.__name__}, not {type(value).__name__}")
+    return value
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *sections, last = dotted.split(".")
+    node = tree
+    for part in sections:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as nested plain dicts (for printing, JSON, the run's config.json)."""
+    return dataclasses.asdict(cfg)
+
+
+def to_toml(cfg: Any) -> str:
+    """The effective config as TOML text."""
+    lines: list[str] = []
+    _emit(to_dict(cfg), "", lines)
+    return "\n".join(lines).strip() + "\n"
+
+
+def _emit(tree: dict[str, Any], prefix: str, lines: list[str]) -> None:
+    scalars = {k: v for k, v in tree.items() if not isinstance(v, dict)}
+    if scalars and prefix:
+        lines.append(f"\n[{prefix}]")
+    for key, value in scalars.items():
+        lines.append(f"{key} = {_toml_value(value)}")
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            _emit(value, f"{prefix}.{key}" if prefix else key, lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)

@@ -1,0 +1,202 @@
+"""Llama 3 / 3.1 decoder: RMSNorm, RoPE with 3.1 frequency scaling, grouped-query attention via SDPA, SwiGLU.
+
+Built on the meta device and materialised with ``to_empty`` + ``init_weights(seed)``. Initial values depend only on the
+seed and each parameter's name, never on how the model is sharded, so every parallel layout starts from the same weights
+as a single process (see ``init_weights``). Modules may be ``None`` (pipeline stages keep only their part).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshforge.model.flavors import ModelArgs
+
+_WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+
+
+def canonical_name(fqn: str) -> str:
+    """A parameter name with compile / checkpoint / FSDP wrapper prefixes removed."""
+    for prefix in _WRAPPER_PREFIXES:
+        fqn = fqn.replace(prefix, "")
+    return fqn
+
+
+def rope_frequencies(args: ModelArgs) -> torch.Tensor:
+    """Inverse RoPE frequencies (head_dim / 2,), with Llama 3.1 long-context scaling when ``use_scaled_rope``."""
+    half = args.head_dim // 2
+    freqs = 1.0 / (args.rope_theta ** (torch.arange(0, half, dtype=torch.float64) * 2 / args.head_dim))
+    if not args.use_scaled_rope:
+        return freqs
+    factor, low_freq_factor, high_freq_factor, old_context = 8.0, 1.0, 4.0, 8192
+    low_wavelen, high_wavelen = old_context / low_freq_factor, old_context / high_freq_factor
+    wavelen = 2 * math.pi / freqs
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    scaled = torch.where(wavelen > low_wavelen, freqs / factor, freqs)
+    mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(mid, (1 - smooth) * freqs / factor + smooth * freqs, scaled)
+
+
+def rope_cache(args: ModelArgs, device: torch.device | None = None) -> torch.Tensor:
+    """cos and sin of every position: (max_seq_len, head_dim) = cat(cos, sin) over the last dim."""
+    freqs = rope_frequencies(args)
+    angles = torch.outer(torch.arange(args.max_seq_len, dtype=torch.float64), freqs)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float().to(device)
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of x (batch, seq, heads, head_dim) by rope (seq, head_dim) or (batch, seq, head_dim)."""
+    cos, sin = rope.chunk(2, dim=-1)  # (..., seq, head_dim / 2)
+    if rope.dim() == 2:
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    else:
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    pairs = x.float().unflatten(-1, (-1, 2))  # (batch, seq, heads, head_dim / 2, 2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+class CausalSDPA(nn.Module):
+    """Causal attention core (batch, heads, seq, head_dim) -> same; a module so context parallel can replace it."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.sdpa = CausalSDPA()
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1 instead of the head count: under tensor parallelism each rank holds a slice of the heads
+        q = self.wq(x).view(batch, seq, -1, self.head_dim)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        repeats = q.shape[2] // k.shape[2]
+        if repeats > 1:  # grouped-query attention: share each kv head among `repeats` query heads
+            k = k.repeat_interleave(repeats, dim=2)
+            v = v.repeat_interleave(repeats, dim=2)
+        out = self.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (batch, heads, seq, head_dim)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, args: ModelArgs) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """Token ids (batch, seq) -> logits (batch, seq, vocab). Pipeline stages may hold a subset of the modules."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.register_buffer("rope", rope_cache(args), persistent=False)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens: ids (batch, seq) on the first stage, hidden states (batch, seq, dim) after it.
+
+        positions: the global position of each token (seq,) when the sequence is split (context parallel).
+        """
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        seq = tokens.shape[1]  # from the input, not h: under sequence parallel h may be a local shard
+        rope = self.rope[:seq] if positions is None else self.rope[positions]
+        for layer in self.layers.values():
+            h = layer(h, rope)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Fill every parameter and buffer, independently of sharding: each tensor is drawn whole from a generator
+        seeded by (seed, its canonical name), then each rank keeps its own DTensor shard of it."""
+        self.rope.copy_(rope_cache(self.args, self.rope.device))
+        for name, param in self.named_parameters():
+            fqn = canonical_name(name)
+            full = initial_value(fqn, tuple(param.shape), self.args, seed, param.device)
+            copy_into(param, full)
+
+
+def initial_value(fqn: str, shape: tuple[int, ...], args: ModelArgs, seed: int, device: torch.device) -> torch.Tensor:
+    """The initial value of one parameter, by name: normal(0.02) inputs, depth-scaled outputs, ones for norms."""
+    if fqn.endswith("norm.weight"):
+        return torch.ones(shape, device=device)
+    gen_device = device if device.type == "cuda" else torch.device("cpu")
+    generator = torch.Generator(device=gen_device).manual_seed(seed * 1_000_003 + zlib.crc32(fqn.encode()))
+    out = torch.empty(shape, device=gen_device)
+    if fqn == "tok_embeddings.weight":
+        std, cutoff = 1.0, 3.0
+    elif fqn == "output.weight":
+        std, cutoff = args.dim**-0.5, 3.0
+    elif fqn.endswith(("wo.weight", "w2.weight", "w3.weight")):
+        layer_id = int(fqn.split(".")[1])
+        std, cutoff = 0.02 / math.sqrt(2 * (layer_id + 1)), 2.0
+    else:
+        std, cutoff = 0.02, 2.0
+    nn.init.trunc_normal_(out, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std, generator=generator)
+    return out.to(device)
+
+
+def copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full-size value into a parameter, keeping only the local shard when it is a DTensor."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        param.to_local().copy_(local.to(param.dtype))
+    else:
+        param.copy_(full.to(param.dtype))
+
+
+def build_model(args: ModelArgs) -> Transformer:
+    """The model on the meta device: no memory, ready for parallelisation, then ``to_empty`` + ``init_weights``."""
+    with torch.device("meta"):
+        return Transformer(args)
