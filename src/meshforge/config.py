@@ -47,7 +47,7 @@ class Training:
     deterministic: bool = False
     """Use deterministic algorithms: same seed + same layout gives bitwise-identical losses."""
     dataset: str = "austen"
-    """austen (shipped, offline), text (a local .txt/.txt.gz file or folder: dataset_path), or c4 / hf:<name> (network)."""
+    """austen (shipped, offline), text (local .txt/.txt.gz file or folder: dataset_path), c4 / hf:<name> (network)."""
     dataset_path: str = ""
     """Path for dataset=text, or a local copy of a hub dataset."""
     mixed_precision_param: Literal["bfloat16", "float32", "float16"] = "bfloat16"
@@ -132,7 +132,7 @@ class Parallelism:
     enable_sequence_parallel: bool = True
     """Shard norms and residuals along the sequence under tensor parallel."""
     context_parallel_impl: Literal["auto", "allgather", "ring"] = "auto"
-    """allgather: gather K/V (works everywhere); ring: torch ring attention (CUDA); auto: ring on CUDA, else allgather."""
+    """allgather: gather K/V (any device); ring: torch ring attention (CUDA); auto: ring on CUDA, else allgather."""
     pipeline_parallel_schedule: str = "1F1B"
     """GPipe, 1F1B, Interleaved1F1B (interleave_1f1b), LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV."""
     pipeline_parallel_schedule_csv: str = ""
@@ -149,12 +149,18 @@ class Parallelism:
     """Explicit module names per stage, e.g. [["tok_embeddings", "layers.0"], ["layers.1", "norm", "output"]]."""
 
     def validate(self) -> None:
-        for key in ("data_parallel_replicate_degree", "context_parallel_degree", "tensor_parallel_degree",
-                    "pipeline_parallel_degree", "pipeline_parallel_microbatch_size"):
+        for key in (
+            "data_parallel_replicate_degree",
+            "context_parallel_degree",
+            "tensor_parallel_degree",
+            "pipeline_parallel_degree",
+            "pipeline_parallel_microbatch_size",
+        ):
             _positive(f"parallelism.{key}", getattr(self, key))
         if self.data_parallel_shard_degree == 0 or self.data_parallel_shard_degree < -1:
             raise ValueError(
-                f"parallelism.data_parallel_shard_degree = {self.data_parallel_shard_degree} must be >= 1 or -1 (the rest)"
+                f"parallelism.data_parallel_shard_degree = {self.data_parallel_shard_degree} "
+                "must be >= 1 or -1 (the rest)"
             )
 
 
@@ -163,7 +169,7 @@ class ActivationCheckpoint:
     mode: Literal["none", "full", "selective"] = "selective"
     """none, full (recompute every block) or selective."""
     selective_ac_option: str = "op"
-    """For mode=selective: 'op' (save matmul/attention outputs, recompute the rest) or N (checkpoint every N-th block)."""
+    """For mode=selective: 'op' (save matmul/attention outputs, recompute the rest) or N (every N-th block)."""
 
     def validate(self) -> None:
         option = self.selective_ac_option
@@ -305,8 +311,16 @@ class JobConfig:
         from meshforge.model.flavors import get_flavor
 
         get_flavor(self.model.flavor)
-        for section in (self.training, self.optimizer, self.lr_scheduler, self.parallelism,
-                        self.activation_checkpoint, self.checkpoint, self.metrics, self.comm):
+        for section in (
+            self.training,
+            self.optimizer,
+            self.lr_scheduler,
+            self.parallelism,
+            self.activation_checkpoint,
+            self.checkpoint,
+            self.metrics,
+            self.comm,
+        ):
             section.validate()
         if self.profiling.profile_freq < 1 or self.profiling.profiler_active < 1 or self.profiling.profiler_warmup < 0:
             raise ValueError("profiling.profile_freq and profiling.profiler_active must be >= 1, profiler_warmup >= 0")

@@ -22,7 +22,7 @@ class ConfigError(ValueError):
     """A user mistake in the configuration: the message is one line, printed without a traceback."""
 
 
-def field_types(cls: type) -> dict[str, Any]:
+def field_types(cls: Any) -> dict[str, Any]:
     """Resolved type hints of a config dataclass."""
     return typing.get_type_hints(cls)
 

@@ -1,0 +1,151 @@
+"""ParallelDims: the validated parallel degrees, the rank grid and the DeviceMesh built from them.
+
+The rank grid is ``arange(world).reshape(pp, dp_replicate, dp_shard, cp, tp)`` (tp innermost, so tensor-parallel ranks
+are neighbours on one host). Only axes of size > 1 become mesh axes; flattened axes give the strategies their groups:
+``dp`` (replicate x shard: data loading), ``dp_shard_cp`` (shard x cp: FSDP sharding), ``dp_cp`` (loss averaging).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from meshforge.config import Parallelism
+from meshforge.model.flavors import ModelArgs
+
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+FLATTENED = {
+    "dp": ("dp_replicate", "dp_shard"),
+    "dp_shard_cp": ("dp_shard", "cp"),
+    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+}
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of each parallel axis; their product is the world size."""
+
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+
+    @classmethod
+    def from_config(cls, cfg: Parallelism, world_size: int) -> ParallelDims:
+        """Resolve data_parallel_shard_degree = -1 and check that the degrees multiply to the world size."""
+        others = cfg.data_parallel_replicate_degree * cfg.context_parallel_degree
+        others *= cfg.tensor_parallel_degree * cfg.pipeline_parallel_degree
+        shard = cfg.data_parallel_shard_degree
+        if shard == -1:
+            if world_size % others:
+                raise ValueError(
+                    f"the world size {world_size} is not divisible by data_parallel_replicate x context x tensor x "
+                    f"pipeline degrees = {others}; change the degrees or the number of processes"
+                )
+            shard = world_size // others
+        dims = cls(
+            cfg.pipeline_parallel_degree,
+            cfg.data_parallel_replicate_degree,
+            shard,
+            cfg.context_parallel_degree,
+            cfg.tensor_parallel_degree,
+        )
+        if dims.world_size != world_size:
+            raise ValueError(
+                f"parallel degrees pp {dims.pp} x dp_replicate {dims.dp_replicate} x dp_shard {dims.dp_shard} x cp "
+                f"{dims.cp} x tp {dims.tp} = {dims.world_size} but the world size is {world_size}; make the product "
+                "equal the number of processes (data_parallel_shard_degree = -1 fills in the rest)"
+            )
+        return dims
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: ranks that read different data."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """FSDP shards over dp_shard x cp (context-parallel ranks hold different tokens, so their gradients differ)."""
+        return self.dp_shard * self.cp > 1 or self.dp_replicate > 1
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        """Ranks that work on the same data: tokens/s per device divides by this (TorchTitan's definition)."""
+        return self.cp * self.tp * self.pp
+
+    def degree(self, axis: str) -> int:
+        return int(getattr(self, axis))
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """The position of a rank on each axis of the grid."""
+        out: dict[str, int] = {}
+        for axis in reversed(AXES):
+            size = self.degree(axis)
+            out[axis] = rank % size
+            rank //= size
+        return out
+
+    def dp_rank(self, rank: int) -> int:
+        """Index of a rank among the data-parallel groups (what slice of the global batch it reads)."""
+        c = self.coords(rank)
+        return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
+
+    def validate_model(self, args: ModelArgs, seq_len: int) -> None:
+        """Cross-checks of degrees against the model shape and the sequence length."""
+        if self.tp > 1:
+            for key, size in (
+                ("n_heads", args.n_heads),
+                ("n_kv_heads", args.kv_heads),
+                ("ffn hidden dim", args.ffn_hidden_dim),
+                ("dim", args.dim),
+            ):
+                if size % self.tp:
+                    raise ValueError(
+                        f"parallelism.tensor_parallel_degree = {self.tp} does not divide the model's {key} ({size}); "
+                        f"choose a tensor-parallel degree that divides it"
+                    )
+        if self.cp > 1 and seq_len % (2 * self.cp):
+            raise ValueError(
+                f"training.seq_len = {seq_len} must be divisible by 2 x context_parallel_degree = {2 * self.cp} "
+                "(load balancing splits each sequence into 2 x cp chunks)"
+            )
+        if self.tp > 1 and seq_len % self.tp:
+            raise ValueError(
+                f"training.seq_len = {seq_len} must be divisible by tensor_parallel_degree = {self.tp} "
+                "(sequence parallel splits the sequence)"
+            )
+
+    def build_mesh(self, device_type: str) -> DeviceMesh | None:
+        """The named DeviceMesh over the axes of size > 1 (None for a single process), with the flattened axes."""
+        names = tuple(axis for axis in AXES if self.degree(axis) > 1)
+        if not names:
+            return None
+        mesh = init_device_mesh(device_type, tuple(self.degree(a) for a in names), mesh_dim_names=names)
+        for flat, parts in FLATTENED.items():
+            present = tuple(p for p in parts if p in names)
+            if len(present) > 1:
+                mesh[present]._flatten(flat)
+        return mesh
+
+
+def sub_mesh(mesh: DeviceMesh | None, *axes: str) -> DeviceMesh | None:
+    """The sub-mesh over the given axes (flattened names allowed), skipping size-1 axes; None if none remain."""
+    if mesh is None:
+        return None
+    names = mesh.mesh_dim_names or ()
+    parts: list[str] = []
+    for axis in axes:
+        if axis in names:
+            parts.append(axis)
+        elif axis in FLATTENED:
+            present = [p for p in FLATTENED[axis] if p in names]
+            parts += [axis] if len(present) > 1 else present
+    if not parts:
+        return None
+    return mesh[tuple(parts)] if len(parts) > 1 else mesh[parts[0]]

@@ -1,0 +1,39 @@
+"""FSDP2: ``fully_shard`` per transformer block and on the root, with mixed precision; HSDP on a 2-D mesh."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_reshard_after_forward(policy: str, pipeline_parallel: bool) -> bool:
+    """default: reshard (free gathered weights after forward) unless pipeline parallel, where each microbatch would
+    re-gather them and zero-bubble schedules' split backward would see resharded weights (wrong gradients)."""
+    if policy == "always":
+        return True
+    if policy == "never":
+        return False
+    return not pipeline_parallel
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    param_dtype: str,
+    reduce_dtype: str,
+    reshard_after_forward: bool,
+) -> None:
+    """Shard every transformer block, then the root (embedding, norm, output). ``mesh`` is 1-D (FSDP) or 2-D
+    (replicate, shard) for HSDP."""
+    mp_policy = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
+    layers = list(model.layers.values())  # type: ignore[operator, union-attr]
+    for i, block in enumerate(layers):
+        # the last block's weights are needed again at once by backward: keep them gathered
+        reshard = reshard_after_forward and i < len(layers) - 1
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)

@@ -1,0 +1,53 @@
+"""parallelize(): apply the strategies to one model (or pipeline stage) in the ONE documented order:
+
+    Float8 conversion -> tensor/sequence parallel -> activation checkpointing -> torch.compile -> FSDP/HSDP
+
+TP must see plain nn.Linear modules (Float8-aware plans if converted); AC wraps the TP'd blocks; compile wraps the
+checkpointed blocks so recomputation is compiled too; FSDP goes last so it shards the final parameters (DTensors on the
+(dp, tp) mesh under 2-D).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from meshforge.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
+from meshforge.parallel.activation_ckpt import apply_ac
+from meshforge.parallel.dims import ParallelDims, sub_mesh
+from meshforge.parallel.fsdp import apply_fsdp, resolve_reshard_after_forward
+
+
+def apply_compile(model: nn.Module, cfg: Compile) -> None:
+    """torch.compile each transformer block (identical blocks share one compiled graph)."""
+    layers: nn.ModuleDict = model.layers  # type: ignore[assignment]
+    for name, block in list(layers.items()):
+        layers[name] = torch.compile(block, backend=cfg.backend, fullgraph=True)  # type: ignore[assignment]
+
+
+def parallelize(
+    model: nn.Module,
+    dims: ParallelDims,
+    mesh: DeviceMesh | None,
+    *,
+    parallelism: Parallelism,
+    training: Training,
+    ac: ActivationCheckpoint,
+    compile_cfg: Compile,
+    float8: Float8,
+) -> None:
+    """Apply every enabled strategy to ``model`` in place (parameters stay on the meta device)."""
+    apply_ac(model, ac)
+    if compile_cfg.enable:
+        apply_compile(model, compile_cfg)
+    if dims.fsdp_enabled:
+        fsdp_mesh = sub_mesh(mesh, "dp_replicate", "dp_shard_cp")
+        assert fsdp_mesh is not None
+        apply_fsdp(
+            model,
+            fsdp_mesh,
+            param_dtype=training.mixed_precision_param,
+            reduce_dtype=training.mixed_precision_reduce,
+            reshard_after_forward=resolve_reshard_after_forward(parallelism.fsdp_reshard_after_forward, dims.pp > 1),
+        )

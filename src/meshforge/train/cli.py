@@ -1,0 +1,81 @@
+"""`meshforge train [--config F] [overrides]`: one rank of a job (under torchrun), or `--nproc N` to start torchrun."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from meshforge.config import JobConfig
+from meshforge.config_io import ConfigError, load_config
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="meshforge train", description=__doc__)
+    parser.add_argument("--config", default=None, help="a TOML file (configs/*.toml)")
+    parser.add_argument("--nproc", type=int, default=0, help="start torchrun with this many local processes")
+    parser.add_argument("--dry-run", action="store_true", help="validate and describe the layout without devices")
+    parser.add_argument("--world-size", type=int, default=0, help="world size for --dry-run")
+    return parser.parse_known_args(argv)
+
+
+def launch_torchrun(nproc: int, argv: list[str]) -> int:
+    """Re-run this command under torchrun with ``nproc`` local processes."""
+    rest = [a for i, a in enumerate(argv) if a != "--nproc" and (i == 0 or argv[i - 1] != "--nproc")]
+    rest = [a for a in rest if not a.startswith("--nproc=")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "meshforge",
+        "train",
+        *rest,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.call(cmd, env=env)
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = parse(argv)
+    cfg = load_config(args.config, overrides)  # config errors surface before any process starts
+    if args.nproc < 0:
+        raise ConfigError(f"--nproc {args.nproc} must be >= 1")
+    if args.dry_run:
+        from meshforge.train.dry_run import dry_run
+
+        return dry_run(cfg, args.world_size)
+    if args.nproc:
+        check_layout(cfg, args.nproc)
+        return launch_torchrun(args.nproc, argv)
+    return run(cfg)
+
+
+def check_layout(cfg: JobConfig, world_size: int) -> None:
+    """Degrees vs world size and model shape, checked before any process starts."""
+    from meshforge.model.flavors import get_flavor
+    from meshforge.parallel.dims import ParallelDims
+
+    try:
+        dims = ParallelDims.from_config(cfg.parallelism, world_size)
+        dims.validate_model(get_flavor(cfg.model.flavor), cfg.training.seq_len)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def run(cfg: JobConfig) -> int:
+    """Train on this rank; user mistakes found after start-up end every rank with one line and exit 2."""
+    from meshforge.train.distributed import finish
+    from meshforge.train.loop import train
+
+    try:
+        train(cfg)
+    except ValueError as exc:  # raised the same way on every rank (config vs world/model)
+        print(f"meshforge train: error: {exc}", file=sys.stderr, flush=True)
+        finish(ok=False, code=2)
+        return 2
+    finish(ok=True)
+    return 0

@@ -1,0 +1,74 @@
+"""Process-group life cycle: pick the device and backend, bounded timeouts, a clean exit on every rank."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None  # None: a single process without a process group
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    """cuda when available (or asked for), else cpu."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "training.device = 'cuda' but no CUDA device is visible; use training.device = 'cpu' or 'auto'"
+        )
+    if requested in ("auto", "cuda") and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_distributed(requested_device: str, init_timeout_s: int) -> DistContext:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, ...); a lone process runs without one."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(requested_device, local_rank)
+    if world_size == 1:
+        return DistContext(0, 1, 0, device, None)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cpu":
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group(
+        backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=init_timeout_s)
+    )
+    return DistContext(rank, world_size, local_rank, device, backend)
+
+
+def set_timeouts(mesh: DeviceMesh | None, seconds: int) -> None:
+    """Shorten every group's collective timeout after start-up: a rank that waits longer raises instead of hanging."""
+    if not dist.is_initialized():
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    timeout = datetime.timedelta(seconds=seconds)
+    groups = [None] if mesh is None else [None, *mesh.get_all_groups()]
+    for group in groups:
+        _set_pg_timeout(timeout, group)
+
+
+def finish(ok: bool = True, code: int = 1) -> None:
+    """End a distributed rank cleanly: flush, barrier, destroy the group, then ``os._exit`` (gloo can abort at
+    interpreter exit when sub-groups exist; this path never does)."""
+    if not dist.is_initialized():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if ok:
+        dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0 if ok else code)

@@ -1,0 +1,194 @@
+"""Metrics people trust: loss, grad norm, lr, tokens/s per device, TFLOPs, MFU, peak memory, data-loading share.
+
+Definitions (TorchTitan's, so figures compare): tokens/s per device = tokens this data-parallel rank trained on in the
+interval / (seconds x cp x tp x pp); TFLOPs = flops_per_token x tokens/s per device; MFU = that / the peak FLOP/s of one
+device (a table for GPUs; on a CPU a matmul probe measured at start-up, labelled as such). No MFU with Float8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12, "A10": 125e12}
+
+
+def device_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """Peak FLOP/s of one device and where the figure comes from."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in GPU_PEAK_BF16.items():
+            if key in name:
+                return peak, f"{key} bf16 dense peak (datasheet)"
+        return 312e12, f"unknown GPU {name!r}: assuming A100 bf16 peak"
+    return cpu_matmul_probe(
+        dtype
+    ), f"measured: CPU {dtype_name(dtype)} matmul probe, {torch.get_num_threads()} thread(s)"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def cpu_matmul_probe(dtype: torch.dtype, size: int = 512, seconds: float = 0.3) -> float:
+    """Best FLOP/s of a square matmul on this CPU (what a dense layer can reach here)."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    a @ b  # warm-up
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """CUDA: max reserved memory; CPU: the process's peak resident set since the last reset (VmHWM)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device) / 2**30
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 2**30
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+
+
+@dataclass
+class Interval:
+    """What happened since the last logged step."""
+
+    start: float = field(default_factory=time.perf_counter)
+    tokens: int = 0
+    data_seconds: float = 0.0
+
+
+class MetricsLogger:
+    """Aggregates per-step figures and writes them every ``log_freq`` steps (console on logging ranks, JSONL and
+    TensorBoard on rank 0). ``log`` is collective: every rank must call it at the same steps."""
+
+    def __init__(
+        self,
+        *,
+        dump_folder: str,
+        rank: int,
+        console: bool,
+        flops_per_token: float,
+        peak_flops: float | None,
+        peak_source: str,
+        non_dp_size: int,
+        device: torch.device,
+        tensorboard: bool,
+    ) -> None:
+        self.rank, self.console, self.device = rank, console, device
+        self.flops_per_token, self.peak_flops, self.peak_source = flops_per_token, peak_flops, peak_source
+        self.non_dp_size = non_dp_size
+        self.interval = Interval()
+        self.records: list[dict[str, Any]] = []
+        self.path = Path(dump_folder) / "metrics.jsonl"
+        self.t0 = time.perf_counter()
+        self.tb: Any = None
+        if rank == 0:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("")
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(Path(dump_folder) / "tb"))
+        reset_peak_memory(device)
+
+    def add_tokens(self, tokens: int, data_seconds: float) -> None:
+        self.interval.tokens += tokens
+        self.interval.data_seconds += data_seconds
+
+    def log(
+        self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, extra: dict[str, float] | None = None
+    ) -> dict[str, Any]:
+        """Reduce over ranks (mean loss over data-parallel ranks is done by the caller; here: max memory), write."""
+        elapsed = time.perf_counter() - self.interval.start
+        mem = torch.tensor([peak_memory_gib(self.device)], dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+        tps = self.interval.tokens / (elapsed * self.non_dp_size)
+        record: dict[str, Any] = {
+            "step": step,
+            "loss": float(loss),
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "tps": tps,
+            "tflops": self.flops_per_token * tps / 1e12,
+            "mfu_pct": None if self.peak_flops is None else 100 * self.flops_per_token * tps / self.peak_flops,
+            "peak_memory_gib": float(mem.item()),
+            "data_loading_pct": 100 * self.interval.data_seconds / elapsed,
+            "step_time_s": elapsed,
+            "elapsed_s": time.perf_counter() - self.t0,
+            **(extra or {}),
+        }
+        self.records.append(record)
+        if self.rank == 0:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            if self.tb is not None:
+                for key, value in record.items():
+                    if isinstance(value, int | float) and key != "step":
+                        self.tb.add_scalar(key, value, step)
+        if self.console:
+            print_record(record)
+        self.interval = Interval()
+        reset_peak_memory(self.device)
+        return record
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def print_record(r: dict[str, Any]) -> None:
+    mfu = "n/a" if r["mfu_pct"] is None else f"{r['mfu_pct']:.2f}%"
+    line = (
+        f"step {r['step']:>5}  loss {r['loss']:8.4f}  grad_norm {r['grad_norm']:7.3f}  lr {r['lr']:.2e}  "
+        f"tps {r['tps']:9.1f}  tflops {r['tflops']:7.3f}  mfu {mfu}  mem {r['peak_memory_gib']:.2f}GiB  "
+        f"data {r['data_loading_pct']:.1f}%"
+    )
+    if "bubble_pct" in r:
+        line += f"  bubble {r['bubble_pct']:.1f}%"
+    print(line, file=sys.stdout, flush=True)
+
+
+def logging_ranks(spec: str, world_size: int) -> set[int]:
+    """Parse job.log_rank: '0', '0,3', '0-3' or 'all'."""
+    if spec == "all":
+        return set(range(world_size))
+    ranks: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.strip().isdigit() or (hi and not hi.strip().isdigit()):
+            raise ValueError(f"job.log_rank = {spec!r} must look like 0, 0,3, 0-3 or all")
+        ranks.update(range(int(lo), int(hi or lo) + 1))
+    return ranks
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")

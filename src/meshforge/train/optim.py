@@ -1,0 +1,63 @@
+"""AdamW, warm-up + decay schedule, and gradient clipping that is correct for DTensor and pipeline-split models."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from meshforge.config import LRScheduler, Optimizer
+
+
+def build_optimizer(model_parts: list[nn.Module], cfg: Optimizer) -> torch.optim.Optimizer:
+    """One optimizer over the parameters of all model parts (pipeline stages on this rank)."""
+    params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
+    cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam
+    return cls(
+        params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=True
+    )
+
+
+def lr_factor(step: int, *, warmup: int, total: int, decay: str, min_factor: float) -> float:
+    """Multiplier of the peak lr for the optimizer step ``step`` (0-based)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if decay == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if decay == "linear":
+        return 1.0 - progress * (1.0 - min_factor)
+    return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: LRScheduler, total_steps: int) -> LambdaLR:
+    def factor(step: int) -> float:
+        return lr_factor(
+            step, warmup=cfg.warmup_steps, total=total_steps, decay=cfg.decay_type, min_factor=cfg.min_lr_factor
+        )
+
+    return LambdaLR(optimizer, factor)
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, pp_mesh: DeviceMesh | None) -> torch.Tensor:
+    """Global L2 norm of all gradients (summed over shards and pipeline stages); scales them down to ``max_norm``
+    when larger (max_norm 0: only measure)."""
+    params = [p for p in params if p.grad is not None]
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if isinstance(total, DTensor):  # partial norms of shards -> the full norm
+        total = total.full_tensor()
+    if pp_mesh is not None:
+        squared = total.pow(2)
+        dist.all_reduce(squared, group=pp_mesh.get_group())
+        total = squared.sqrt()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total
