@@ -70,6 +70,8 @@ def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             if nxt is not None and nxt.lower() in _TRUE | _FALSE:
                 raw, i = nxt, i + 2
+            elif nxt is not None and not nxt.startswith("--"):
+                raise ConfigError(f"{key} = {nxt!r} is not a boolean (use true or false, or the bare switch)")
             else:
                 raw, i = "true", i + 1
         else:

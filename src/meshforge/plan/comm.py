@@ -1,0 +1,61 @@
+"""Alpha-beta costs of collectives on the link a mesh axis runs over. Pure Python.
+
+Ring algorithms (what NCCL and gloo use for large messages): all-gather and reduce-scatter move (n-1)/n of the full
+buffer through every rank's link in n-1 steps; all-reduce is a reduce-scatter plus an all-gather; point-to-point is one
+message. The rank grid is arange(world).reshape(pp, dp_replicate, dp_shard, cp, tp) (tp innermost), so an axis whose
+ranks, with everything inside it, fit in one host talks over NVLink, otherwise over the inter-node network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshforge.plan.hardware import HardwareProfile
+from meshforge.plan.layout import Layout
+
+AXIS_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@dataclass(frozen=True)
+class Link:
+    """Achieved bus bandwidth (bytes/s) and per-step latency (s) of one axis's collectives."""
+
+    bandwidth: float
+    latency: float
+    intra_node: bool
+
+
+def axis_link(layout: Layout, axes: tuple[str, ...], hw: HardwareProfile) -> Link:
+    """The link the group spanning ``axes`` (adjacent in the grid) uses: NVLink if it stays in one host."""
+    sizes = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard,
+             "cp": layout.cp, "tp": layout.tp}
+    outermost = min(AXIS_ORDER.index(a) for a in axes)
+    span = 1
+    for axis in AXIS_ORDER[outermost:]:
+        span *= sizes[axis]
+    spec, eff = hw.spec, hw.efficiency
+    if span <= spec.devices_per_node:
+        return Link(spec.intra_node_bandwidth * eff.network, spec.intra_node_latency, True)
+    return Link(spec.inter_node_bandwidth * eff.network, spec.inter_node_latency, False)
+
+
+def all_gather(total_bytes: float, n: int, link: Link) -> float:
+    """Seconds to all-gather a buffer of ``total_bytes`` (the gathered size) over n ranks."""
+    if n <= 1 or total_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * total_bytes / link.bandwidth + (n - 1) * link.latency
+
+
+def reduce_scatter(total_bytes: float, n: int, link: Link) -> float:
+    """Seconds to reduce-scatter a buffer of ``total_bytes`` (the unsharded size) over n ranks."""
+    return all_gather(total_bytes, n, link)
+
+
+def all_reduce(total_bytes: float, n: int, link: Link) -> float:
+    """Seconds to all-reduce ``total_bytes`` over n ranks (ring: reduce-scatter + all-gather)."""
+    return 2 * all_gather(total_bytes, n, link)
+
+
+def p2p(num_bytes: float, link: Link) -> float:
+    """Seconds to send one message to a neighbour."""
+    return num_bytes / link.bandwidth + link.latency if num_bytes > 0 else 0.0

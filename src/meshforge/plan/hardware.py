@@ -1,0 +1,305 @@
+"""Hardware profiles: datasheet figures of a device and its links, plus the few efficiency constants of the model.
+
+A profile = ``HardwareSpec`` (what the vendor states, or what the CPU probe measures) + ``Efficiency`` (what fraction of
+it training kernels reach, fitted once to the TorchTitan Dec-2024 H100 report; see docs/planner.md). Presets live in
+``PRESETS``; ``load_hardware`` also reads a TOML file with the same keys (configs/hardware/example.toml), and
+``save_profile`` writes one (what ``meshforge plan --calibrate`` produces).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from meshforge.config_io import ConfigError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of the datasheet figures that training reaches: few, named, each documented in docs/planner.md."""
+
+    matmul: float = 0.60
+    """Large bf16 GEMMs (the linear layers), as a fraction of the derated peak."""
+    attention: float = 0.30
+    """Flash attention (SDPA) forward/backward, as a fraction of the derated bf16 peak (FA2 on H100: ~0.3-0.4)."""
+    float8_speedup: float = 1.45
+    """Realised speedup of Float8 linear layers over bf16 (casts and amax included; the hardware bound is 2)."""
+    memory_bandwidth: float = 0.70
+    """Element-wise kernels (norms, RoPE, SwiGLU, loss, optimizer) as a fraction of the memory bandwidth."""
+    network: float = 0.80
+    """Collective bus bandwidth as a fraction of the link bandwidth (nccl-tests on NVLink 4 / 400G RDMA: ~0.8)."""
+    async_tp_overlap: float = 0.25
+    """Fraction of tensor-parallel communication that async TP (micro-pipelined matmuls) hides."""
+    allocator_overhead: float = 0.15
+    """Caching-allocator slack: reserved / allocated - 1 at the peak (fragmentation, per-stream pools)."""
+    framework_gib: float = 2.0
+    """Fixed memory inside the peak reading: workspaces, compile/Float8 scratch (GPU); interpreter + libraries (CPU)."""
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One device and its links (per device, one direction, bytes/s; FLOP/s dense)."""
+
+    name: str
+    description: str
+    peak_bf16_flops: float
+    peak_fp32_flops: float
+    peak_fp8_flops: float
+    memory_gib: float
+    """Memory a process can see on one device."""
+    memory_bandwidth: float
+    """HBM (or DRAM) bandwidth in bytes/s."""
+    intra_node_bandwidth: float
+    intra_node_latency: float
+    inter_node_bandwidth: float
+    inter_node_latency: float
+    devices_per_node: int
+    clock_derate: float = 1.0
+    """Sustained / boost clock under the power limit; multiplies every peak (not used for MFU, which is nominal)."""
+    runtime_gib: float = 1.5
+    """Memory outside the peak reading that still counts for 'fits' (CUDA context, NCCL buffers)."""
+    shared_node: bool = False
+    """All ranks of a node share its compute, memory bandwidth and memory (a CPU host running several processes)."""
+    is_gpu: bool = True
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A device with the efficiency constants the estimator applies to it."""
+
+    spec: HardwareSpec
+    efficiency: Efficiency = field(default_factory=Efficiency)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+_H100_SXM = HardwareSpec(
+    name="h100",
+    description="NVIDIA H100 SXM5 80 GB HBM3, 700 W, NVLink 4 inside 8-GPU hosts, 400 Gb/s RDMA per GPU",
+    peak_bf16_flops=989.4e12,
+    peak_fp32_flops=66.9e12,
+    peak_fp8_flops=1978.9e12,
+    memory_gib=79.6,
+    memory_bandwidth=3.35e12,
+    intra_node_bandwidth=450e9,
+    intra_node_latency=5e-6,
+    inter_node_bandwidth=50e9,
+    inter_node_latency=15e-6,
+    devices_per_node=8,
+)
+
+PRESETS: dict[str, HardwareSpec] = {
+    "h100": _H100_SXM,
+    # The article's Grand Teton hosts. The report says the 500 W part's true peak lies between the SXM (989 TFLOP/s)
+    # and the NVL (835 TFLOP/s) figures; we take the midpoint: clock_derate = 912 / 989 = 0.92.
+    "h100-96gb": replace(
+        _H100_SXM,
+        name="h100-96gb",
+        description="NVIDIA H100 96 GB HBM2e at 500 W (Grand Teton): NVLink inside 8-GPU hosts, 400 Gb/s RDMA per GPU",
+        memory_gib=94.5,
+        memory_bandwidth=2.4e12,
+        clock_derate=0.92,
+    ),
+    "h200": replace(
+        _H100_SXM,
+        name="h200",
+        description="NVIDIA H200 SXM 141 GB HBM3e, 700 W, NVLink 4, 400 Gb/s RDMA per GPU",
+        memory_gib=140.4,
+        memory_bandwidth=4.8e12,
+    ),
+    "a100": HardwareSpec(
+        name="a100",
+        description="NVIDIA A100 SXM4 80 GB, NVLink 3 inside 8-GPU hosts, 200 Gb/s RDMA per GPU (no Float8)",
+        peak_bf16_flops=312e12,
+        peak_fp32_flops=19.5e12,
+        peak_fp8_flops=0.0,
+        memory_gib=79.2,
+        memory_bandwidth=2.04e12,
+        intra_node_bandwidth=300e9,
+        intra_node_latency=5e-6,
+        inter_node_bandwidth=25e9,
+        inter_node_latency=15e-6,
+        devices_per_node=8,
+    ),
+    "b200": HardwareSpec(
+        name="b200",
+        description="NVIDIA B200 180 GB HBM3e, 1000 W, NVLink 5 inside 8-GPU hosts, 400 Gb/s RDMA per GPU",
+        peak_bf16_flops=2250e12,
+        peak_fp32_flops=75e12,
+        peak_fp8_flops=4500e12,
+        memory_gib=178.4,
+        memory_bandwidth=8.0e12,
+        intra_node_bandwidth=900e9,
+        intra_node_latency=5e-6,
+        inter_node_bandwidth=50e9,
+        inter_node_latency=15e-6,
+        devices_per_node=8,
+    ),
+}
+
+# CPU: ranks are processes on one host; gloo moves tensors through loopback TCP. Measured on this class of machine
+# (docs/planner.md): ~1 GB/s per direction and ~100 us per message for 1-8 processes. The calibration refits them.
+CPU_GLOO_BANDWIDTH = 1.0e9
+CPU_GLOO_LATENCY = 100e-6
+CPU_EFFICIENCY = Efficiency(
+    matmul=0.8,
+    attention=0.5,
+    float8_speedup=1.0,
+    memory_bandwidth=0.5,
+    network=1.0,
+    async_tp_overlap=0.0,
+    allocator_overhead=0.0,
+    framework_gib=0.35,
+)
+
+
+def preset_names() -> list[str]:
+    return [*PRESETS, "cpu"]
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    """A preset by name (``cpu`` runs the probe), or a TOML profile file; ConfigError otherwise."""
+    if name_or_path == "cpu":
+        return HardwareProfile(cpu_spec(), CPU_EFFICIENCY)
+    if name_or_path in PRESETS:
+        return HardwareProfile(PRESETS[name_or_path])
+    path = Path(name_or_path)
+    if name_or_path.endswith(".toml") or path.is_file():
+        return read_profile(path)
+    raise ConfigError(
+        f"--hardware {name_or_path!r} is neither a preset ({', '.join(preset_names())}) nor a TOML file "
+        "(see configs/hardware/example.toml)"
+    )
+
+
+def read_profile(path: Path) -> HardwareProfile:
+    """A profile from TOML: a [hardware] table (HardwareSpec keys, or base = a preset) and an optional [efficiency]."""
+    if not path.is_file():
+        raise ConfigError(f"--hardware {path}: no such file")
+    try:
+        tree = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--hardware {path}: not valid TOML ({exc})") from None
+    hw = dict(tree.get("hardware", {}))
+    base_name = hw.pop("base", None)
+    base_profile = load_hardware(base_name) if base_name else None
+    spec = _build(HardwareSpec, hw, f"{path} [hardware]", base_profile.spec if base_profile else None)
+    base_eff = base_profile.efficiency if base_profile else Efficiency()
+    eff = _build(Efficiency, dict(tree.get("efficiency", {})), f"{path} [efficiency]", base_eff)
+    return HardwareProfile(spec, eff)
+
+
+_TOML_TYPES: dict[str, Any] = {"float": (int, float), "int": int, "bool": bool, "str": str}
+
+
+def _build(cls: type, values: dict[str, Any], where: str, base: Any | None) -> Any:
+    """A frozen dataclass from TOML values (on top of ``base``), naming unknown or missing keys."""
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(names)}")
+    for key, value in values.items():
+        expected = _TOML_TYPES[str(names[key].type)]
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+            raise ConfigError(f"{where}: {key} = {value!r} must be {names[key].type}")
+        if expected == (int, float):
+            values[key] = float(value)
+    if base is not None:
+        return replace(base, **values)
+    missing = [n for n, f in names.items() if f.default is dataclasses.MISSING and n not in values]
+    if missing:
+        raise ConfigError(f"{where}: missing {', '.join(missing)} (or give base = a preset name)")
+    return cls(**values)
+
+
+def save_profile(profile: HardwareProfile, path: Path) -> None:
+    """Write a profile as TOML that ``load_hardware(path)`` reads back."""
+    lines = ["# meshforge hardware profile (meshforge plan --hardware THIS_FILE)", "[hardware]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in dataclasses.asdict(profile.spec).items()]
+    lines += ["", "[efficiency]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in dataclasses.asdict(profile.efficiency).items()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_spec() -> HardwareSpec:
+    """This host, measured: a ~1 s matmul and copy probe with the threads torch uses, memory from /proc/meminfo."""
+    import torch
+
+    threads = torch.get_num_threads()
+    return HardwareSpec(
+        name="cpu",
+        description=f"this host: {os.cpu_count()} cores, probed with {threads} torch thread(s); gloo over loopback",
+        peak_bf16_flops=_matmul_flops(torch.bfloat16),
+        peak_fp32_flops=_matmul_flops(torch.float32),
+        peak_fp8_flops=0.0,
+        memory_gib=_meminfo_gib(),
+        memory_bandwidth=_copy_bandwidth(),
+        intra_node_bandwidth=CPU_GLOO_BANDWIDTH,
+        intra_node_latency=CPU_GLOO_LATENCY,
+        inter_node_bandwidth=CPU_GLOO_BANDWIDTH,
+        inter_node_latency=CPU_GLOO_LATENCY,
+        devices_per_node=1024,
+        runtime_gib=0.0,
+        shared_node=True,
+        is_gpu=False,
+    )
+
+
+def _matmul_flops(dtype: Any, size: int = 384, seconds: float = 0.3) -> float:
+    import time
+
+    import torch
+
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        best = max(best, 8 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def _copy_bandwidth(numel: int = 8 * 1024 * 1024, repeats: int = 5) -> float:
+    import time
+
+    import torch
+
+    src = torch.ones(numel)
+    dst = torch.empty_like(src)
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = max(best, 2 * src.numel() * 4 / (time.perf_counter() - start))
+    return best
+
+
+def _meminfo_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 / GIB
+    except OSError:
+        pass
+    return 16.0

@@ -1,0 +1,231 @@
+"""The job the planner reasons about: degrees, batch, pipeline schedule and features, read from a JobConfig.
+
+Pure Python (no torch). ``layout_from_config`` resolves what the config leaves open (data_parallel_shard_degree = -1,
+the FSDP reshard policy, the pipeline's stages per rank) the way meshforge's training code does, and ``check_layout``
+rejects what cannot run (degrees that do not multiply to the world size, heads not divisible by TP, ...) with a
+one-line ConfigError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from meshforge.config import JobConfig
+from meshforge.config_io import ConfigError
+from meshforge.model.flavors import ModelArgs, get_flavor
+
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+MULTI_STAGE = {"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+V_SHAPED = {"ZBVZeroBubble", "DualPipeV"}
+DEFAULT_STAGES_PER_RANK = 2
+"""Stages per rank of multi-stage schedules when layers_per_stage is not given (TorchTitan's default)."""
+
+SAC_SAVES = ("all_mm", "alternate_mm")
+"""Selective-op AC policies: meshforge saves every matmul output; TorchTitan (Dec 2024, the article) every other one."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything about a job that moves memory or speed; degrees multiply to the world size."""
+
+    flavor: str
+    seq_len: int
+    local_batch_size: int
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    schedule: str = "1F1B"
+    microbatch_size: int = 1
+    stages_per_rank: int = 1
+    layers_per_stage: int = -1
+    first_stage_less_layers: int = 1
+    last_stage_less_layers: int = 1
+    grad_accum: int = 1
+    ac_mode: str = "selective"
+    sac_option: str = "op"
+    sac_saves: str = "all_mm"
+    compile: bool = False
+    float8: bool = False
+    float8_all_gather: bool = True
+    async_tp: bool = False
+    reshard_after_forward: bool = True
+    param_dtype: str = "bfloat16"
+    reduce_dtype: str = "float32"
+    cp_impl: str = "auto"
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_size(self) -> int:
+        """Ranks one parameter is sharded over (FSDP shards over dp_shard x cp)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.stages_per_rank
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches per optimizer step on one data-parallel rank."""
+        per_accum = self.local_batch_size // self.microbatch_size if self.pp > 1 else 1
+        return per_accum * self.grad_accum
+
+    @property
+    def microbatch_sequences(self) -> int:
+        return self.microbatch_size if self.pp > 1 else self.local_batch_size
+
+    @property
+    def tokens_per_device_step(self) -> float:
+        """Tokens one device accounts for per step: the dp rank's tokens over the ranks that share them."""
+        return self.local_batch_size * self.seq_len * self.grad_accum / (self.cp * self.tp * self.pp)
+
+    def describe(self) -> str:
+        """One line: 'FSDP 8 x TP 8 x PP 8 (Interleaved1F1B, 16 x mb 2) | AC full | compile, Float8, async TP'."""
+        parts = []
+        for label, degree in (("HSDP-replicate", self.dp_replicate), ("FSDP", self.dp_shard), ("CP", self.cp),
+                              ("TP", self.tp), ("PP", self.pp)):
+            if degree > 1 or (label == "FSDP" and self.world_size == 1):
+                parts.append(f"{label} {degree}")
+        text = " x ".join(parts)
+        if self.pp > 1:
+            mbs = self.local_batch_size // self.microbatch_size
+            text += f" ({self.schedule}, {mbs} x mb {self.microbatch_size})"
+        ac = self.ac_mode if self.ac_mode != "selective" else f"selective-{self.sac_option}"
+        if self.ac_mode == "selective" and self.sac_option == "op" and self.sac_saves != "all_mm":
+            ac += f"[{self.sac_saves}]"
+        feats = [name for name, on in (("compile", self.compile), ("Float8", self.float8),
+                                       ("async TP", self.async_tp and self.tp > 1)) if on]
+        text += f" | lbs {self.local_batch_size} x seq {self.seq_len} | AC {ac}"
+        return text + (f" | {', '.join(feats)}" if feats else "")
+
+
+def layout_from_config(cfg: JobConfig, world_size: int, *, sac_saves: str = "all_mm") -> Layout:
+    """The layout a config describes at ``world_size`` devices; ConfigError if the degrees do not fit it."""
+    par = cfg.parallelism
+    if world_size < 1:
+        raise ConfigError(f"--world-size {world_size} must be >= 1")
+    others = par.data_parallel_replicate_degree * par.context_parallel_degree
+    others *= par.tensor_parallel_degree * par.pipeline_parallel_degree
+    shard = par.data_parallel_shard_degree
+    if shard == -1:
+        if world_size % others:
+            raise ConfigError(
+                f"--world-size {world_size} is not divisible by dp_replicate x cp x tp x pp = {others}; "
+                "change the degrees or the world size"
+            )
+        shard = world_size // others
+    schedule = normalize_schedule(par.pipeline_parallel_schedule, par.pipeline_parallel_schedule_csv)
+    layout = Layout(
+        flavor=cfg.model.flavor,
+        seq_len=cfg.training.seq_len,
+        local_batch_size=cfg.training.local_batch_size,
+        dp_replicate=par.data_parallel_replicate_degree,
+        dp_shard=shard,
+        tp=par.tensor_parallel_degree,
+        pp=par.pipeline_parallel_degree,
+        cp=par.context_parallel_degree,
+        schedule=schedule,
+        microbatch_size=par.pipeline_parallel_microbatch_size,
+        layers_per_stage=par.pipeline_parallel_layers_per_stage,
+        first_stage_less_layers=par.pipeline_parallel_first_stage_less_layers,
+        last_stage_less_layers=par.pipeline_parallel_last_stage_less_layers,
+        grad_accum=cfg.training.gradient_accumulation_steps,
+        ac_mode=cfg.activation_checkpoint.mode,
+        sac_option=cfg.activation_checkpoint.selective_ac_option,
+        sac_saves=sac_saves,
+        compile=cfg.compile.enable,
+        float8=cfg.quantize.dense.float8.enable,
+        float8_all_gather=cfg.quantize.dense.float8.enable_fsdp_float8_all_gather,
+        async_tp=par.enable_async_tensor_parallel,
+        reshard_after_forward=_reshard(par.fsdp_reshard_after_forward, par.pipeline_parallel_degree > 1),
+        param_dtype=cfg.training.mixed_precision_param,
+        reduce_dtype=cfg.training.mixed_precision_reduce,
+        cp_impl=par.context_parallel_impl,
+    )
+    if layout.world_size != world_size:
+        raise ConfigError(
+            f"degrees dp_replicate {layout.dp_replicate} x dp_shard {layout.dp_shard} x cp {layout.cp} x tp "
+            f"{layout.tp} x pp {layout.pp} = {layout.world_size}, but --world-size is {world_size}"
+        )
+    return with_stages(layout, get_flavor(layout.flavor))
+
+
+def _reshard(policy: str, pipeline: bool) -> bool:
+    """meshforge.parallel.fsdp's rule: default = reshard after forward, except under pipeline parallel."""
+    return policy == "always" or (policy == "default" and not pipeline)
+
+
+def normalize_schedule(name: str, csv_path: str = "") -> str:
+    """The canonical schedule name (accepts TorchTitan spellings such as interleave_1f1b); a CSV file maps to 1F1B
+    timing (its bubble is unknown to the planner)."""
+    if csv_path:
+        return "1F1B"
+    key = name.lower().replace("_", "").replace("-", "")
+    aliases = {s.lower(): s for s in SCHEDULES} | {"interleave1f1b": "Interleaved1F1B"}
+    if key not in aliases:
+        raise ConfigError(f"parallelism.pipeline_parallel_schedule = {name!r} is unknown; choose {', '.join(SCHEDULES)}")
+    return aliases[key]
+
+
+def with_stages(layout: Layout, args: ModelArgs) -> Layout:
+    """Fill stages_per_rank: 1 for single-stage schedules, else from layers_per_stage or the default of 2."""
+    if layout.pp == 1:
+        return replace(layout, stages_per_rank=1)
+    if layout.schedule not in MULTI_STAGE:
+        return replace(layout, stages_per_rank=1)
+    if layout.layers_per_stage > 0:
+        virtual = args.n_layers + layout.first_stage_less_layers + layout.last_stage_less_layers
+        stages = -(-virtual // layout.layers_per_stage)
+        return replace(layout, stages_per_rank=max(2, -(-stages // layout.pp)))
+    return replace(layout, stages_per_rank=DEFAULT_STAGES_PER_RANK)
+
+
+def check_layout(layout: Layout, args: ModelArgs) -> None:
+    """ConfigError naming the first reason this layout cannot run this model."""
+    if layout.tp > 1:
+        for key, size in (("n_heads", args.n_heads), ("n_kv_heads", args.kv_heads),
+                          ("ffn hidden dim", args.ffn_hidden_dim), ("vocab", args.vocab_size)):
+            if size % layout.tp:
+                raise ConfigError(f"tensor_parallel_degree = {layout.tp} does not divide the model's {key} ({size})")
+        if layout.seq_len % layout.tp:
+            raise ConfigError(f"seq_len {layout.seq_len} is not divisible by tensor_parallel_degree {layout.tp}")
+    if layout.cp > 1 and layout.seq_len % (2 * layout.cp):
+        raise ConfigError(f"seq_len {layout.seq_len} is not divisible by 2 x context_parallel_degree = {2 * layout.cp}")
+    if layout.pp > 1:
+        if layout.local_batch_size % layout.microbatch_size:
+            raise ConfigError(
+                f"local_batch_size {layout.local_batch_size} is not a multiple of the pipeline microbatch size "
+                f"{layout.microbatch_size}"
+            )
+        stage_layer_counts(args.n_layers, layout)
+    if layout.sac_saves not in SAC_SAVES:
+        raise ConfigError(f"sac_saves = {layout.sac_saves!r}; choose {', '.join(SAC_SAVES)}")
+
+
+def stage_layer_counts(n_layers: int, layout: Layout) -> list[int]:
+    """Transformer blocks per stage: the embedding and the output count as first/last_stage_less_layers blocks,
+    and the total is split evenly (as parallelism.pipeline_parallel_*_less_layers documents)."""
+    stages = layout.num_stages
+    first, last = (layout.first_stage_less_layers, layout.last_stage_less_layers) if stages > 1 else (0, 0)
+    base, extra = divmod(n_layers + first + last, stages)
+    counts = [base + (1 if i < extra else 0) for i in range(stages)]
+    counts[0] -= first
+    counts[-1] -= last
+    if min(counts) < 1:
+        raise ConfigError(f"{n_layers} layers cannot fill {stages} pipeline stages with at least one block each")
+    return counts
+
+
+def stages_of_rank(layout: Layout, rank: int) -> list[int]:
+    """Stage indices a pipeline rank holds: looped (r, r + pp, ...) or V-shaped (r, 2 pp - 1 - r)."""
+    if layout.schedule in V_SHAPED and layout.stages_per_rank == 2:
+        return [rank, 2 * layout.pp - 1 - rank]
+    return [rank + k * layout.pp for k in range(layout.stages_per_rank)]
