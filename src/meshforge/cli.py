@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("meshforge.bench.cli", "run a matrix of parallel strategies and report throughput, memory, loss"),
     "plan": ("meshforge.plan.cli", "predict memory and throughput of a layout at any scale; --search recommends one"),
     "compare-losses": ("meshforge.tools.compare_losses", "compare two runs' losses step by step"),
+    "convert": ("meshforge.train.hf_interop", "from-hf / to-hf: Hugging Face safetensors <-> meshforge checkpoints"),
 }
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from meshforge.config import Parallelism
+from meshforge.config import Float8, Parallelism
 from meshforge.model.flavors import ModelArgs
 
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -35,6 +36,16 @@ class ParallelDims:
     @classmethod
     def from_config(cls, cfg: Parallelism, world_size: int) -> ParallelDims:
         """Resolve data_parallel_shard_degree = -1 and check that the degrees multiply to the world size."""
+        for key in ("data_parallel_replicate_degree", "context_parallel_degree", "tensor_parallel_degree"):
+            if getattr(cfg, key) < 1:
+                raise ValueError(f"parallelism.{key} = {getattr(cfg, key)} must be >= 1 (1 disables it)")
+        if cfg.pipeline_parallel_degree < 1:
+            raise ValueError(f"parallelism.pipeline_parallel_degree = {cfg.pipeline_parallel_degree} must be >= 1")
+        if cfg.data_parallel_shard_degree < 1 and cfg.data_parallel_shard_degree != -1:
+            raise ValueError(
+                f"parallelism.data_parallel_shard_degree = {cfg.data_parallel_shard_degree} must be >= 1 or -1 "
+                "(the rest of the world size)"
+            )
         others = cfg.data_parallel_replicate_degree * cfg.context_parallel_degree
         others *= cfg.tensor_parallel_degree * cfg.pipeline_parallel_degree
         shard = cfg.data_parallel_shard_degree
@@ -115,11 +126,31 @@ class ParallelDims:
                 f"training.seq_len = {seq_len} must be divisible by 2 x context_parallel_degree = {2 * self.cp} "
                 "(load balancing splits each sequence into 2 x cp chunks)"
             )
-        if self.tp > 1 and seq_len % self.tp:
+        if self.tp > 1 and seq_len % (self.cp * self.tp):
             raise ValueError(
-                f"training.seq_len = {seq_len} must be divisible by tensor_parallel_degree = {self.tp} "
-                "(sequence parallel splits the sequence)"
+                f"training.seq_len = {seq_len} must be divisible by context_parallel_degree x tensor_parallel_degree "
+                f"= {self.cp * self.tp} (sequence parallel splits each rank's slice of the sequence)"
             )
+
+    def validate_features(
+        self, parallelism: Parallelism, *, device: torch.device, compile_enabled: bool, float8: Float8
+    ) -> None:
+        """Options that need particular hardware or other options, checked once the device is known: never a silent
+        no-op."""
+        from meshforge.parallel.context_parallel import resolve_cp_impl
+        from meshforge.parallel.float8 import check_float8_support
+
+        if parallelism.enable_async_tensor_parallel:
+            fix = "set parallelism.enable_async_tensor_parallel = false"
+            if self.tp == 1:
+                raise ValueError(f"async tensor parallel needs parallelism.tensor_parallel_degree > 1; {fix}")
+            if device.type != "cuda":
+                raise ValueError(f"async tensor parallel needs CUDA symmetric memory, the device is {device.type}; {fix}")
+            if not compile_enabled:
+                raise ValueError(f"async tensor parallel needs compile.enable = true (inductor does the overlap); {fix}")
+        if self.cp > 1:
+            resolve_cp_impl(parallelism.context_parallel_impl, device.type)
+        check_float8_support(float8, device)
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
         """The named DeviceMesh over the axes of size > 1 (None for a single process), with the flattened axes."""

@@ -1,10 +1,12 @@
 """parallelize(): apply the strategies to one model (or pipeline stage) in the ONE documented order:
 
-    Float8 conversion -> tensor/sequence parallel -> activation checkpointing -> torch.compile -> FSDP/HSDP
+    Float8 conversion -> tensor/sequence parallel -> context parallel -> activation checkpointing -> torch.compile
+    -> FSDP/HSDP
 
-TP must see plain nn.Linear modules (Float8-aware plans if converted); AC wraps the TP'd blocks; compile wraps the
-checkpointed blocks so recomputation is compiled too; FSDP goes last so it shards the final parameters (DTensors on the
-(dp, tp) mesh under 2-D).
+TP must see the final linear modules (Float8-aware plans if converted); CP replaces each block's attention core
+(``attention.sdpa``) before AC wraps the blocks; compile wraps the checkpointed blocks so recomputation is compiled
+too; FSDP goes last so it shards the final parameters (DTensors on the (dp, tp) mesh under 2-D), over ``dp_shard_cp``
+(context-parallel ranks hold different tokens, so their gradients are averaged like data-parallel ones).
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from meshforge.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from meshforge.parallel.activation_ckpt import apply_ac
+from meshforge.parallel.context_parallel import apply_cp, resolve_cp_impl
 from meshforge.parallel.dims import ParallelDims, sub_mesh
+from meshforge.parallel.float8 import apply_float8
 from meshforge.parallel.fsdp import apply_fsdp, resolve_reshard_after_forward
+from meshforge.parallel.tensor_parallel import apply_tp
 
 
 def apply_compile(model: nn.Module, cfg: Compile) -> None:
@@ -38,6 +43,21 @@ def parallelize(
     float8: Float8,
 ) -> None:
     """Apply every enabled strategy to ``model`` in place (parameters stay on the meta device)."""
+    if float8.enable:
+        apply_float8(model, float8, fsdp=dims.fsdp_enabled)
+    tp_mesh = sub_mesh(mesh, "tp")
+    if tp_mesh is not None:
+        apply_tp(
+            model,
+            tp_mesh,
+            sequence_parallel=parallelism.enable_sequence_parallel,
+            loss_parallel=not parallelism.disable_loss_parallel,
+            float8=float8.enable and float8.recipe_name == "tensorwise",
+            async_tp=parallelism.enable_async_tensor_parallel,
+        )
+    cp_mesh = sub_mesh(mesh, "cp")
+    if cp_mesh is not None:
+        apply_cp(model, cp_mesh, impl=resolve_cp_impl(parallelism.context_parallel_impl, cp_mesh.device_type))
     apply_ac(model, ac)
     if compile_cfg.enable:
         apply_compile(model, compile_cfg)

@@ -25,21 +25,21 @@ GIB = 1024**3
 class Efficiency:
     """Fractions of the datasheet figures that training reaches: few, named, each documented in docs/planner.md."""
 
-    matmul: float = 0.60
+    matmul: float = 0.61
     """Large bf16 GEMMs (the linear layers), as a fraction of the derated peak."""
-    attention: float = 0.30
+    attention: float = 0.225
     """Flash attention (SDPA) forward/backward, as a fraction of the derated bf16 peak (FA2 on H100: ~0.3-0.4)."""
-    float8_speedup: float = 1.45
+    float8_speedup: float = 1.52
     """Realised speedup of Float8 linear layers over bf16 (casts and amax included; the hardware bound is 2)."""
-    memory_bandwidth: float = 0.70
+    memory_bandwidth: float = 0.80
     """Element-wise kernels (norms, RoPE, SwiGLU, loss, optimizer) as a fraction of the memory bandwidth."""
     network: float = 0.80
     """Collective bus bandwidth as a fraction of the link bandwidth (nccl-tests on NVLink 4 / 400G RDMA: ~0.8)."""
-    async_tp_overlap: float = 0.25
+    async_tp_overlap: float = 0.24
     """Fraction of tensor-parallel communication that async TP (micro-pipelined matmuls) hides."""
-    allocator_overhead: float = 0.15
+    allocator_overhead: float = 0.10
     """Caching-allocator slack: reserved / allocated - 1 at the peak (fragmentation, per-stream pools)."""
-    framework_gib: float = 2.0
+    framework_gib: float = 5.0
     """Fixed memory inside the peak reading: workspaces, compile/Float8 scratch (GPU); interpreter + libraries (CPU)."""
 
 
@@ -65,9 +65,31 @@ class HardwareSpec:
     """Sustained / boost clock under the power limit; multiplies every peak (not used for MFU, which is nominal)."""
     runtime_gib: float = 1.5
     """Memory outside the peak reading that still counts for 'fits' (CUDA context, NCCL buffers)."""
-    shared_node: bool = False
-    """All ranks of a node share its compute, memory bandwidth and memory (a CPU host running several processes)."""
+    node_cores: int = 0
+    """CPU hosts: cores the ranks of a node share (0 = each device is its own). With more rank threads than cores,
+    compute and memory bandwidth are divided among them, and memory always is."""
+    probe_threads: int = 1
+    """Threads the probe ran with (node_cores > 0): the peaks above are for that many threads."""
+    comm_overlaps_compute: bool = True
+    """GPUs run collectives on their own engines beside compute; CPU ranks spend the same cores on gloo."""
     is_gpu: bool = True
+
+    def thread_scale(self, threads_per_rank: int = 0) -> float:
+        """Multiplier on the probed peaks for one rank running alone: its threads over the probe's (1 on GPUs)."""
+        if not self.node_cores:
+            return 1.0
+        return (threads_per_rank or self.probe_threads) / self.probe_threads
+
+    def oversubscription(self, world_size: int, threads_per_rank: int = 0) -> float:
+        """How many times the ranks' threads outnumber the node's cores (>= 1; 1 on GPUs)."""
+        if not self.node_cores:
+            return 1.0
+        ranks = min(world_size, self.devices_per_node)
+        return max(1.0, ranks * (threads_per_rank or self.probe_threads) / self.node_cores)
+
+    def device_memory_gib(self, world_size: int) -> float:
+        """Memory one rank may use: the device's, or its share of the host's on CPU."""
+        return self.memory_gib / min(world_size, self.devices_per_node) if self.node_cores else self.memory_gib
 
 
 @dataclass(frozen=True)
@@ -259,18 +281,30 @@ def cpu_spec() -> HardwareSpec:
         inter_node_latency=CPU_GLOO_LATENCY,
         devices_per_node=1024,
         runtime_gib=0.0,
-        shared_node=True,
+        node_cores=_cores(),
+        probe_threads=threads,
+        comm_overlaps_compute=False,
         is_gpu=False,
     )
 
 
-def _matmul_flops(dtype: Any, size: int = 384, seconds: float = 0.3) -> float:
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _matmul_flops(dtype: Any, size: int = 512, seconds: float = 0.3) -> float:
+    """Best FLOP/s of a square matmul after a warm-up (thread pools and caches start cold)."""
     import time
 
     import torch
 
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b
+    warm = time.perf_counter() + 0.1
+    while time.perf_counter() < warm:
+        a @ b
     best, deadline = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         start = time.perf_counter()

@@ -17,11 +17,15 @@ from meshforge.model.flavors import ModelArgs, get_flavor
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 MULTI_STAGE = {"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
 V_SHAPED = {"ZBVZeroBubble", "DualPipeV"}
+SPLIT_BACKWARD = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+"""Schedules that split the backward into input and weight gradients (meshforge refuses them with compile)."""
 DEFAULT_STAGES_PER_RANK = 2
 """Stages per rank of multi-stage schedules when layers_per_stage is not given (TorchTitan's default)."""
 
-SAC_SAVES = ("all_mm", "alternate_mm")
-"""Selective-op AC policies: meshforge saves every matmul output; TorchTitan (Dec 2024, the article) every other one."""
+IMPLEMENTATIONS = ("meshforge", "torchtitan")
+"""Whose code the job runs. They differ where memory and speed notice: meshforge's selective-op AC saves every matmul
+output and its RoPE rotates real pairs in fp32; TorchTitan's (Dec 2024, the article's) saves every other matmul output
+and rotates complex numbers (fewer element-wise passes)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class Layout:
     grad_accum: int = 1
     ac_mode: str = "selective"
     sac_option: str = "op"
-    sac_saves: str = "all_mm"
+    impl: str = "meshforge"
     compile: bool = False
     float8: bool = False
     float8_all_gather: bool = True
@@ -54,6 +58,8 @@ class Layout:
     param_dtype: str = "bfloat16"
     reduce_dtype: str = "float32"
     cp_impl: str = "auto"
+    threads_per_rank: int = 0
+    """CPU ranks: compute threads of each (0 = as many as the hardware probe used)."""
 
     @property
     def world_size(self) -> int:
@@ -99,15 +105,13 @@ class Layout:
             mbs = self.local_batch_size // self.microbatch_size
             text += f" ({self.schedule}, {mbs} x mb {self.microbatch_size})"
         ac = self.ac_mode if self.ac_mode != "selective" else f"selective-{self.sac_option}"
-        if self.ac_mode == "selective" and self.sac_option == "op" and self.sac_saves != "all_mm":
-            ac += f"[{self.sac_saves}]"
         feats = [name for name, on in (("compile", self.compile), ("Float8", self.float8),
                                        ("async TP", self.async_tp and self.tp > 1)) if on]
         text += f" | lbs {self.local_batch_size} x seq {self.seq_len} | AC {ac}"
         return text + (f" | {', '.join(feats)}" if feats else "")
 
 
-def layout_from_config(cfg: JobConfig, world_size: int, *, sac_saves: str = "all_mm") -> Layout:
+def layout_from_config(cfg: JobConfig, world_size: int, *, impl: str = "meshforge") -> Layout:
     """The layout a config describes at ``world_size`` devices; ConfigError if the degrees do not fit it."""
     par = cfg.parallelism
     if world_size < 1:
@@ -140,7 +144,7 @@ def layout_from_config(cfg: JobConfig, world_size: int, *, sac_saves: str = "all
         grad_accum=cfg.training.gradient_accumulation_steps,
         ac_mode=cfg.activation_checkpoint.mode,
         sac_option=cfg.activation_checkpoint.selective_ac_option,
-        sac_saves=sac_saves,
+        impl=impl,
         compile=cfg.compile.enable,
         float8=cfg.quantize.dense.float8.enable,
         float8_all_gather=cfg.quantize.dense.float8.enable_fsdp_float8_all_gather,
@@ -200,14 +204,30 @@ def check_layout(layout: Layout, args: ModelArgs) -> None:
     if layout.cp > 1 and layout.seq_len % (2 * layout.cp):
         raise ConfigError(f"seq_len {layout.seq_len} is not divisible by 2 x context_parallel_degree = {2 * layout.cp}")
     if layout.pp > 1:
-        if layout.local_batch_size % layout.microbatch_size:
-            raise ConfigError(
-                f"local_batch_size {layout.local_batch_size} is not a multiple of the pipeline microbatch size "
-                f"{layout.microbatch_size}"
-            )
-        stage_layer_counts(args.n_layers, layout)
-    if layout.sac_saves not in SAC_SAVES:
-        raise ConfigError(f"sac_saves = {layout.sac_saves!r}; choose {', '.join(SAC_SAVES)}")
+        check_pipeline(layout, args)
+    if layout.impl not in IMPLEMENTATIONS:
+        raise ConfigError(f"--impl {layout.impl!r} is unknown; choose {', '.join(IMPLEMENTATIONS)}")
+
+
+def check_pipeline(layout: Layout, args: ModelArgs) -> None:
+    """meshforge.parallel.pipeline's rules: microbatches divide the batch, fill the schedule, and split-backward
+    schedules run neither compiled blocks nor FSDP resharding after forward."""
+    if layout.local_batch_size % layout.microbatch_size:
+        raise ConfigError(
+            f"local_batch_size {layout.local_batch_size} is not a multiple of the pipeline microbatch size "
+            f"{layout.microbatch_size}"
+        )
+    m = layout.local_batch_size // layout.microbatch_size
+    if layout.schedule in ("1F1B", "DualPipeV") and m < layout.num_stages:
+        raise ConfigError(f"schedule {layout.schedule} needs at least {layout.num_stages} microbatches, has {m}")
+    if layout.schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and m % max(1, m // layout.pp):
+        raise ConfigError(f"schedule {layout.schedule} needs a microbatch count that is a multiple of pp = {layout.pp}")
+    if layout.schedule in SPLIT_BACKWARD and layout.impl == "meshforge":
+        if layout.compile:
+            raise ConfigError(f"compile.enable with the {layout.schedule} schedule: use 1F1B / Interleaved1F1B")
+        if layout.reshard_after_forward and layout.fsdp_size * layout.dp_replicate > 1:
+            raise ConfigError(f"fsdp_reshard_after_forward = 'always' with {layout.schedule} gives wrong gradients")
+    stage_layer_counts(args.n_layers, layout)
 
 
 def stage_layer_counts(n_layers: int, layout: Layout) -> list[int]:

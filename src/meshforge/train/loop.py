@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,18 +15,26 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from meshforge.config import JobConfig
 from meshforge.config_io import to_toml
 from meshforge.model.flavors import ModelArgs, flops_per_token, get_flavor
 from meshforge.model.llama import build_model
+from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.fsdp import DTYPES
 from meshforge.parallel.parallelize import parallelize
+from meshforge.parallel.pipeline import Pipeline, build_pipeline
+from meshforge.parallel.tensor_parallel import loss_parallel_context
+from meshforge.train.checkpoint import Checkpointer
 from meshforge.train.data import PackedDataLoader, build_dataloader
 from meshforge.train.distributed import DistContext, init_distributed, set_timeouts
+from meshforge.train.hang import HangGuard, enable_flight_recorder
+from meshforge.train.logs import launcher_rank, rank_logging
 from meshforge.train.metrics import MetricsLogger, device_peak_flops, logging_ranks
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+from meshforge.train.profiling import StepProfiler, check_window, profiling
 from meshforge.train.tokenizer import build_tokenizer
 
 
@@ -41,6 +50,8 @@ class TrainState:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     loader: PackedDataLoader
     metrics: MetricsLogger
+    pipeline: Pipeline | None = None
+    checkpointer: Checkpointer | None = None
     step: int = 0
 
 
@@ -64,29 +75,71 @@ def setup(cfg: JobConfig) -> TrainState:
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
     model_args = model_args_for(cfg, tokenizer.vocab_size)
     dims.validate_model(model_args, cfg.training.seq_len)
+    dims.validate_features(
+        cfg.parallelism, device=ctx.device, compile_enabled=cfg.compile.enable, float8=cfg.quantize.dense.float8
+    )
     mesh = dims.build_mesh(ctx.device.type)
     loader = build_dataloader(cfg.training, tokenizer, dp_rank=dims.dp_rank(ctx.rank), dp_degree=dims.dp)
 
+    model_parts, pipeline = build_model_parts(cfg, ctx, dims, mesh, model_args)
+    optimizer = build_optimizer(model_parts, cfg.optimizer)
+    scheduler = build_lr_scheduler(optimizer, cfg.lr_scheduler, cfg.training.steps)
+    metrics = build_metrics(cfg, ctx, dims, model_args)
+    state = TrainState(cfg, ctx, dims, mesh, model_args, model_parts, optimizer, scheduler, loader, metrics, pipeline)
+    state.checkpointer = build_checkpointer(cfg, ctx, dims, metrics.console)
+    if state.checkpointer is not None:  # resume (or load initial weights) now that optimizer and scheduler exist
+        state.checkpointer.load(state)
+    return state
+
+
+def build_checkpointer(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, console: bool) -> Checkpointer | None:
+    ck = cfg.checkpoint
+    if not (ck.enable or ck.initial_load_path or ck.create_seed_checkpoint):
+        return None
+    return Checkpointer(
+        ck,
+        dump_folder=cfg.job.dump_folder,
+        total_steps=cfg.training.steps,
+        info={"flavor": cfg.model.flavor, "layout": str(dims)},
+        device=ctx.device,
+        timeout_s=max(cfg.comm.init_timeout_seconds, cfg.comm.train_timeout_seconds),
+        console=console,
+    )
+
+
+def build_model_parts(
+    cfg: JobConfig, ctx: DistContext, dims: ParallelDims, mesh: DeviceMesh | None, model_args: ModelArgs
+) -> tuple[list[nn.Module], Pipeline | None]:
+    """The parallelized, initialised model, or under pipeline parallel this rank's stages and their schedule."""
     model = build_model(model_args)
-    parallelize(
-        model,
-        dims,
-        mesh,
+    parallelize_part = functools.partial(
+        parallelize,
+        dims=dims,
+        mesh=mesh,
         parallelism=cfg.parallelism,
         training=cfg.training,
         ac=cfg.activation_checkpoint,
         compile_cfg=cfg.compile,
         float8=cfg.quantize.dense.float8,
     )
+    if dims.pp > 1:
+        pipeline = build_pipeline(
+            model,
+            dims,
+            mesh,
+            parallelism=cfg.parallelism,
+            training=cfg.training,
+            compile_enabled=cfg.compile.enable,
+            device=ctx.device,
+            parallelize_part=parallelize_part,
+            loss_fn=cross_entropy,
+        )
+        return pipeline.model_parts, pipeline
+    parallelize_part(model)
     model.to_empty(device=ctx.device)
-    model.init_weights(cfg.training.seed)  # type: ignore[operator]
+    model.init_weights(cfg.training.seed)
     model.train()
-    model_parts: list[nn.Module] = [model]
-
-    optimizer = build_optimizer(model_parts, cfg.optimizer)
-    scheduler = build_lr_scheduler(optimizer, cfg.lr_scheduler, cfg.training.steps)
-    metrics = build_metrics(cfg, ctx, dims, model_args)
-    return TrainState(cfg, ctx, dims, mesh, model_args, model_parts, optimizer, scheduler, loader, metrics)
+    return [model], None
 
 
 def build_metrics(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, args: ModelArgs) -> MetricsLogger:
@@ -95,13 +148,15 @@ def build_metrics(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, args: Mo
     return MetricsLogger(
         dump_folder=cfg.job.dump_folder,
         rank=ctx.rank,
-        console=ctx.rank in logging_ranks(cfg.job.log_rank, ctx.world_size),
+        # with log files every rank prints; train/logs.py keeps the console to job.log_rank
+        console=ctx.rank in logging_ranks(cfg.job.log_rank, ctx.world_size) or cfg.job.log_to_files,
         flops_per_token=flops_per_token(args, cfg.training.seq_len),
         peak_flops=None if float8 else peak,
         peak_source=source,
         non_dp_size=dims.non_data_parallel_size,
         device=ctx.device,
         tensorboard=cfg.metrics.enable_tensorboard,
+        progress_bar=cfg.metrics.progress_bar,
     )
 
 
@@ -119,12 +174,20 @@ def autocast_context(state: TrainState) -> contextlib.AbstractContextManager[Any
 
 
 def forward_backward(state: TrainState, inputs: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
-    """One micro-step: forward, loss, backward; returns the unscaled local loss (detached)."""
-    model = state.model_parts[0]
-    with autocast_context(state):
-        loss = cross_entropy(model(inputs), labels)
-    (loss * scale).backward()
-    return loss.detach()
+    """One micro-step: this rank's context-parallel slice of the batch (with global positions), forward, loss,
+    backward (vocab-parallel under loss parallel); returns the unscaled local loss (detached)."""
+    model, par = state.model_parts[0], state.cfg.parallelism
+    cp_impl = resolve_cp_impl(par.context_parallel_impl, state.ctx.device.type)
+    inputs, labels, positions = shard_batch(sub_mesh(state.mesh, "cp"), cp_impl, inputs, labels)
+    with loss_parallel_context(state.dims.tp > 1 and not par.disable_loss_parallel):
+        if state.pipeline is not None:  # the schedule runs forward, loss and backward of every microbatch
+            with autocast_context(state):
+                return state.pipeline.step(inputs, labels, scale, positions)
+        with autocast_context(state):
+            loss = cross_entropy(model(inputs, positions), labels)
+        (loss * scale).backward()
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss  # loss parallel: a replicated DTensor
 
 
 def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,17 +222,24 @@ def should_log(step: int, cfg: JobConfig) -> bool:
     return step == 1 or step % cfg.metrics.log_freq == 0 or step == cfg.training.steps
 
 
-def run_steps(state: TrainState) -> Iterator[dict[str, Any]]:
+def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterator[dict[str, Any]]:
     """Train until training.steps; yields each logged record."""
     cfg = state.cfg
+    first_step = state.step + 1  # > 1 after a resume
     while state.step < cfg.training.steps:
         state.step += 1
         loss, grad_norm = train_step(state)
-        if state.step == 1:
+        state.metrics.step_done(state.step, cfg.training.steps)
+        if state.step == first_step:
             set_timeouts(state.mesh, cfg.comm.train_timeout_seconds)
+        if state.checkpointer is not None:  # before the yield: a consumer that stops here still has its checkpoint
+            state.checkpointer.maybe_save(state)
         if should_log(state.step, cfg):
             lr = float(state.scheduler.get_last_lr()[0])
-            yield state.metrics.log(state.step, global_mean(loss, state.mesh), grad_norm, lr)
+            extra = state.pipeline.metrics() if state.pipeline is not None else None  # bubble (collective)
+            yield state.metrics.log(state.step, global_mean(loss, state.mesh), grad_norm, lr, extra)
+        if profiler is not None:  # after logging and saving: a traced step shows all of its work
+            profiler.step(state.step)
 
 
 def write_run_config(cfg: JobConfig, rank: int) -> None:
@@ -179,9 +249,36 @@ def write_run_config(cfg: JobConfig, rank: int) -> None:
         (folder / "config.toml").write_text(to_toml(cfg))
 
 
+@contextlib.contextmanager
+def observed(state: TrainState) -> Iterator[StepProfiler | None]:
+    """The hang guard and the profiler around the steps (train/hang.py, train/profiling.py)."""
+    cfg, ctx = state.cfg, state.ctx
+    guard = HangGuard(cfg.job.dump_folder, ctx.rank, ctx.world_size, status=lambda: f"in training step {state.step}")
+    first, last = state.step + 1, cfg.training.steps
+    window = profiling(
+        cfg.profiling,
+        dump_folder=cfg.job.dump_folder,
+        rank=ctx.rank,
+        device=ctx.device,
+        first_step=first,
+        last_step=last,
+    )
+    with guard, window as profiler:
+        yield profiler
+
+
 def train(cfg: JobConfig) -> list[dict[str, Any]]:
-    """Run the job; returns the logged records (the same as metrics.jsonl)."""
-    state = setup(cfg)
+    """Run the job; returns the logged records (the same as metrics.jsonl). Output goes to the ranks in
+    job.log_rank and, with job.log_to_files, to every rank's log file (train/logs.py)."""
+    check_window(cfg.profiling)
+    enable_flight_recorder(cfg.job.dump_folder)  # before the process group exists
+    with rank_logging(cfg.job, *launcher_rank()):
+        return run_job(setup(cfg))
+
+
+def run_job(state: TrainState) -> list[dict[str, Any]]:
+    """The run after setup: banner, seed checkpoint or the steps (observed), clean-up."""
+    cfg = state.cfg
     write_run_config(cfg, state.ctx.rank)
     if state.metrics.console:
         print(
@@ -190,6 +287,14 @@ def train(cfg: JobConfig) -> list[dict[str, Any]]:
             f"{state.metrics.peak_flops or 0:.3g} ({state.metrics.peak_source})",
             flush=True,
         )
-    records = list(run_steps(state))
+    if cfg.checkpoint.create_seed_checkpoint:
+        assert state.checkpointer is not None
+        state.checkpointer.save(state, model_only=True)  # step-0: initial weights any layout can load
+        state.checkpointer.close()
+        return []
+    with observed(state) as profiler:
+        records = list(run_steps(state, profiler))
+    if state.checkpointer is not None:
+        state.checkpointer.close()
     state.metrics.close()
     return records

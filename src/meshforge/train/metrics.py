@@ -101,6 +101,7 @@ class MetricsLogger:
         non_dp_size: int,
         device: torch.device,
         tensorboard: bool,
+        progress_bar: bool = False,
     ) -> None:
         self.rank, self.console, self.device = rank, console, device
         self.flops_per_token, self.peak_flops, self.peak_source = flops_per_token, peak_flops, peak_source
@@ -110,6 +111,14 @@ class MetricsLogger:
         self.path = Path(dump_folder) / "metrics.jsonl"
         self.t0 = time.perf_counter()
         self.tb: Any = None
+        self.progress: Any = None
+        self.task: Any = None
+        if progress_bar and console and sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(
+                TextColumn("step {task.completed}/{task.total}"), BarColumn(), TimeRemainingColumn(), transient=True
+            )
         if rank == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text("")
@@ -118,6 +127,17 @@ class MetricsLogger:
 
                 self.tb = SummaryWriter(str(Path(dump_folder) / "tb"))
         reset_peak_memory(device)
+
+    def step_done(self, step: int, total: int) -> None:
+        """Advance the progress bar (rank 0, interactive terminals only, when metrics.progress_bar)."""
+        if self.progress is None:
+            return
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task("training", total=total)
+        self.progress.update(self.task, completed=step)
+        if step >= total:
+            self.progress.stop()
 
     def add_tokens(self, tokens: int, data_seconds: float) -> None:
         self.interval.tokens += tokens
@@ -161,6 +181,8 @@ class MetricsLogger:
         return record
 
     def close(self) -> None:
+        if self.progress is not None and self.task is not None:
+            self.progress.stop()
         if self.tb is not None:
             self.tb.close()
 

@@ -1,0 +1,348 @@
+"""A benchmark matrix: TOML -> validated runs -> the `meshforge train` command line of each run.
+
+Every run of a matrix trains the same model (one flavor) on the same global batch with the same seed, so the loss
+curves of all strategies coincide and any difference in speed or memory is the strategy's. The local batch of a run
+is ``global_batch_size / (dp degree x gradient accumulation)``; a scaling sweep keeps the local batch of its base run
+and adds gradient accumulation on fewer ranks, so the global batch stays the same.
+
+File layout (see configs/bench/default.toml and docs/bench.md)::
+
+    [bench]            name, flavor, seq_len, global_batch_size, warmup_steps, measured_steps, dtype, baseline, ...
+    [bench.overrides]  dotted `meshforge train` keys applied to every run ("training.deterministic" = true)
+    [[run]]            name, ranks, dp_replicate, dp_shard, tp, pp, cp, schedule, compile, float8, ac_mode, ...
+    [[scaling]]        name, run (a [[run]] name), ranks = [1, 2, 4]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from meshforge.bench.reference import figure
+from meshforge.model.flavors import get_flavor
+
+DTYPES = ("float32", "bfloat16")
+GROUPS = ("strategy", "scaling", "context", "extra")
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One strategy: a layout, feature flags, and how it reads the global batch."""
+
+    name: str
+    ranks: int
+    label: str = ""
+    group: str = "strategy"
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    schedule: str = "1F1B"
+    compile: bool = False
+    float8: bool = False
+    ac_mode: str = ""
+    async_tp: bool = False
+    seq_len: int = 0
+    global_batch_size: int = 0
+    gradient_accumulation_steps: int = 1
+    timeout_s: int = 0
+    parity_rtol: float = 0.0
+    reference: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def resolved_dp_shard(self) -> int:
+        return self.dp_shard if self.dp_shard != -1 else self.ranks // (self.dp_replicate * self.tp * self.pp * self.cp)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: ranks that read different sequences."""
+        return self.dp_replicate * self.resolved_dp_shard
+
+    def layout(self) -> dict[str, Any]:
+        return {
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": self.resolved_dp_shard,
+            "tp": self.tp,
+            "pp": self.pp,
+            "cp": self.cp,
+            "schedule": self.schedule if self.pp > 1 else None,
+        }
+
+    def describe(self) -> str:
+        """A short human label: 'FSDP 2 x TP 2 + compile'."""
+        if self.label:
+            return self.label
+        parts = [f"{axis} {deg}" for axis, deg in self._axes() if deg > 1] or ["single rank"]
+        text = " x ".join(parts)
+        if self.pp > 1:
+            text += f" ({self.schedule})"
+        for flag, on in (("compile", self.compile), ("Float8", self.float8), ("async TP", self.async_tp)):
+            text += f" + {flag}" if on else ""
+        return text
+
+    def _axes(self) -> list[tuple[str, int]]:
+        shard = "FSDP" if self.dp_replicate == 1 else "shard"
+        return [
+            ("replicate", self.dp_replicate),
+            (shard, self.resolved_dp_shard),
+            ("TP", self.tp),
+            ("PP", self.pp),
+            ("CP", self.cp),
+        ]
+
+
+@dataclass(frozen=True)
+class BenchMatrix:
+    """The whole benchmark: shared settings, the runs in order, the scaling series."""
+
+    name: str
+    flavor: str
+    seq_len: int
+    global_batch_size: int
+    warmup_steps: int
+    measured_steps: int
+    runs: list[BenchRun]
+    description: str = ""
+    config: str = ""
+    dtype: str = "float32"
+    ac_mode: str = "none"
+    timeout_s: int = 300
+    threads_per_rank: int = 1
+    baseline: str = ""
+    parity_rtol: float = 1e-4
+    note: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    scaling: dict[str, list[str]] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def steps(self) -> int:
+        return self.warmup_steps + self.measured_steps
+
+    def run(self, name: str) -> BenchRun:
+        for run in self.runs:
+            if run.name == name:
+                return run
+        raise KeyError(name)
+
+    def seq_len_of(self, run: BenchRun) -> int:
+        return run.seq_len or self.seq_len
+
+    def local_batch_size(self, run: BenchRun) -> int:
+        return self.global_batch_of(run) // (run.dp * run.gradient_accumulation_steps)
+
+    def global_batch_of(self, run: BenchRun) -> int:
+        """Sequences per optimizer step: the matrix's, unless a run sets its own (e.g. fixed tokens per step)."""
+        return run.global_batch_size or self.global_batch_size
+
+    def flags_of(self, run: BenchRun) -> dict[str, Any]:
+        """The run's features as results.json records them (the planner's --calibrate reads these)."""
+        keys = {**self.overrides, **run.overrides}
+        return {
+            "compile": run.compile,
+            "float8": run.float8,
+            "ac_mode": run.ac_mode or self.ac_mode,
+            "selective_ac_option": str(keys.get("activation_checkpoint.selective_ac_option", "op")),
+            "async_tp": run.async_tp,
+            "param_dtype": self.dtype,
+            "gradient_accumulation_steps": run.gradient_accumulation_steps,
+            "microbatch_size": int(keys.get("parallelism.pipeline_parallel_microbatch_size", 1)),
+        }
+
+    def timeout_of(self, run: BenchRun) -> int:
+        return run.timeout_s or self.timeout_s
+
+    def rtol_of(self, run: BenchRun) -> float:
+        return run.parity_rtol or self.parity_rtol
+
+    def train_args(self, run: BenchRun, dump_folder: str) -> list[str]:
+        """The `meshforge train` arguments of one run (without --nproc): base config, shared, then per-run keys."""
+        keys: dict[str, Any] = {
+            "model.flavor": self.flavor,
+            "training.seq_len": self.seq_len_of(run),
+            "training.local_batch_size": self.local_batch_size(run),
+            "training.gradient_accumulation_steps": run.gradient_accumulation_steps,
+            "training.steps": self.steps,
+            "training.mixed_precision_param": self.dtype,
+            "metrics.log_freq": 1,
+            "job.dump_folder": dump_folder,
+            **self.overrides,
+            "parallelism.data_parallel_replicate_degree": run.dp_replicate,
+            "parallelism.data_parallel_shard_degree": run.dp_shard,
+            "parallelism.tensor_parallel_degree": run.tp,
+            "parallelism.pipeline_parallel_degree": run.pp,
+            "parallelism.context_parallel_degree": run.cp,
+            "activation_checkpoint.mode": run.ac_mode or self.ac_mode,
+        }
+        if run.pp > 1:
+            keys["parallelism.pipeline_parallel_schedule"] = run.schedule
+        if run.compile:
+            keys["compile.enable"] = True
+        if run.float8:
+            keys["quantize.dense.float8.enable"] = True
+        if run.async_tp:
+            keys["parallelism.enable_async_tensor_parallel"] = True
+        keys.update(run.overrides)
+        args = ["--config", self.config] if self.config else []
+        for key, value in keys.items():
+            args += [f"--{key}", format_value(value)]
+        return args
+
+    def fingerprint(self, run: BenchRun) -> str:
+        """Changes whenever the run's command changes: a finished run is reused only if this matches."""
+        text = json.dumps([run.ranks, self.train_args(run, "<dump>"), self.threads_per_rank, self.measured_steps])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return json.dumps(value)
+    return str(value)
+
+
+def load_matrix(path: str | Path) -> BenchMatrix:
+    """Read and validate a matrix file; ValueError naming the key, the value and the fix otherwise."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--config {path}: no such file (configs/bench/ holds the shipped matrices)")
+    try:
+        tree = tomllib.loads(file.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"--config {path}: not valid TOML ({exc})") from None
+    try:
+        source = str(file.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        source = str(file)
+    return parse_matrix(tree, source=source)
+
+
+def parse_matrix(tree: dict[str, Any], source: str = "") -> BenchMatrix:
+    """A BenchMatrix from the parsed TOML tree (sections [bench], [[run]], [[scaling]])."""
+    unknown = sorted(set(tree) - {"bench", "run", "scaling"})
+    if unknown:
+        raise ValueError(f"unknown section [{unknown[0]}] in the bench matrix; use [bench], [[run]] and [[scaling]]")
+    head = dict(tree.get("bench", {}))
+    runs = [build_entry(BenchRun, entry, f"run[{i}]") for i, entry in enumerate(tree.get("run", []))]
+    matrix = build_entry(BenchMatrix, {**head, "runs": runs, "source": source}, "bench")
+    matrix = expand_scaling(matrix, tree.get("scaling", []))
+    validate(matrix)
+    return matrix
+
+
+_REQUIRED = {
+    "BenchMatrix": {"name", "flavor", "seq_len", "global_batch_size", "warmup_steps", "measured_steps"},
+    "BenchRun": {"name", "ranks"},
+}
+_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (float, int), "bool": (bool,), "str": (str,)}
+
+
+def build_entry(cls: Any, entry: dict[str, Any], where: str) -> Any:
+    """A dataclass from a TOML table: unknown keys, wrong types and missing required keys are errors naming the key."""
+    known = {f.name: str(f.type) for f in fields(cls) if f.name not in ("runs", "scaling", "source")}
+    for key, value in entry.items():
+        if key in ("runs", "source") and cls is BenchMatrix:
+            continue
+        if key not in known:
+            raise ValueError(f"unknown key {where}.{key}; allowed: {', '.join(sorted(known))}")
+        text = known[key]
+        expected = _TYPES.get(text, (dict,) if text.startswith("dict") else ())
+        if expected and (not isinstance(value, expected) or (bool not in expected and isinstance(value, bool))):
+            raise ValueError(f"{where}.{key} = {value!r} must be {text}")
+    missing = sorted(k for k in _REQUIRED[cls.__name__] if k not in entry)
+    if missing:
+        raise ValueError(f"{where} needs the key {missing[0]!r} (see configs/bench/default.toml)")
+    return cls(**entry)
+
+
+def expand_scaling(matrix: BenchMatrix, entries: list[dict[str, Any]]) -> BenchMatrix:
+    """Each [[scaling]] entry -> copies of its base run at each rank count, same local batch (+ accumulation)."""
+    runs = list(matrix.runs)
+    series: dict[str, list[str]] = {}
+    for i, entry in enumerate(entries):
+        where = f"scaling[{i}]"
+        unknown = sorted(set(entry) - {"name", "run", "ranks"})
+        if unknown or "run" not in entry or not isinstance(entry.get("ranks"), list):
+            raise ValueError(f"{where} needs run = '<a [[run]] name>' and ranks = [1, 2, 4] (and optionally name)")
+        try:
+            base = matrix.run(entry["run"])
+        except KeyError:
+            raise ValueError(f"{where}.run = {entry['run']!r} is not the name of a [[run]]") from None
+        name = entry.get("name", f"{base.name}_scaling")
+        series[name] = [scaled(base, n, matrix, where, runs) for n in entry["ranks"]]
+    return replace(matrix, runs=runs, scaling=series)
+
+
+def scaled(base: BenchRun, ranks: Any, matrix: BenchMatrix, where: str, runs: list[BenchRun]) -> str:
+    """The name of ``base`` at ``ranks`` ranks (appended to ``runs`` unless it is the base itself)."""
+    if not isinstance(ranks, int) or ranks < 1:
+        raise ValueError(f"{where}.ranks holds {ranks!r}; use positive integers")
+    if ranks == base.ranks:
+        return base.name
+    others = base.dp_replicate * base.tp * base.pp * base.cp
+    if ranks % others:
+        raise ValueError(f"{where}: {ranks} ranks cannot hold the non-FSDP degrees of {base.name} ({others})")
+    run = replace(
+        base,
+        name=f"{base.name}_r{ranks}",
+        ranks=ranks,
+        dp_shard=ranks // others,
+        group="scaling",
+        label="",
+        reference="",
+    )
+    base_local = matrix.local_batch_size(base)
+    if base_local < 1 or matrix.global_batch_of(base) % (run.dp * base_local):
+        raise ValueError(
+            f"{where}: global_batch_size {matrix.global_batch_of(base)} is not a multiple of {run.dp} ranks x local "
+            f"batch {base_local}; choose ranks that divide it"
+        )
+    run = replace(run, gradient_accumulation_steps=matrix.global_batch_of(base) // (run.dp * base_local))
+    if all(r.name != run.name for r in runs):
+        runs.append(run)
+    return run.name
+
+
+def validate(matrix: BenchMatrix) -> None:
+    """Cross-checks: names unique, degrees multiply to ranks, batches divide, dtype known, baseline exists."""
+    get_flavor(matrix.flavor)
+    if matrix.dtype not in DTYPES:
+        raise ValueError(f"bench.dtype = {matrix.dtype!r}; choose one of {', '.join(DTYPES)}")
+    if matrix.warmup_steps < 0 or matrix.measured_steps < 1:
+        raise ValueError("bench.warmup_steps must be >= 0 and bench.measured_steps >= 1")
+    names = [r.name for r in matrix.runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"run names must be unique; {sorted(n for n in names if names.count(n) > 1)[0]!r} repeats")
+    if matrix.baseline and matrix.baseline not in names:
+        raise ValueError(f"bench.baseline = {matrix.baseline!r} is not the name of a [[run]]")
+    for run in matrix.runs:
+        validate_run(matrix, run)
+
+
+def validate_run(matrix: BenchMatrix, run: BenchRun) -> None:
+    where = f"run {run.name!r}"
+    if not run.name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"{where}: names may hold letters, digits, '_' and '-' only (it names a folder)")
+    if run.group not in GROUPS:
+        raise ValueError(f"{where}: group = {run.group!r}; choose one of {', '.join(GROUPS)}")
+    degrees = run.dp_replicate * run.resolved_dp_shard * run.tp * run.pp * run.cp
+    if run.ranks < 1 or degrees != run.ranks or min(run.dp_replicate, run.tp, run.pp, run.cp) < 1:
+        raise ValueError(
+            f"{where}: dp_replicate {run.dp_replicate} x dp_shard {run.resolved_dp_shard} x tp {run.tp} x pp {run.pp} "
+            f"x cp {run.cp} must equal ranks = {run.ranks}; fix a degree (dp_shard = -1 fills in the rest)"
+        )
+    if run.reference:
+        figure(run.reference)
+    share = run.dp * run.gradient_accumulation_steps
+    if matrix.global_batch_of(run) % share:
+        raise ValueError(
+            f"{where}: global_batch_size = {matrix.global_batch_of(run)} is not divisible by dp {run.dp} x "
+            f"gradient accumulation {run.gradient_accumulation_steps}; every run must train the same global batch"
+        )

@@ -1,0 +1,300 @@
+"""results.json -> loss parity per run, and report.md: the article's tables (configuration, TPS/device, memory, ratio
+to the baseline) filled with what was measured here. Every number in the report is formatted from results.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from meshforge.bench.reference import CLAIMS, article_ratio, figure
+
+Record = dict[str, Any]
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    """A figure as the report prints it ('-' when missing)."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def fmt_diff(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
+def ok_records(results: dict[str, Any]) -> list[Record]:
+    return [r for r in results["runs"] if r["status"] == "ok"]
+
+
+def parity_reference(results: dict[str, Any], record: Record) -> Record | None:
+    """The run ``record`` is compared with: the baseline at the same sequence length, else the first plain run
+    (no compile, no Float8) at that length. Every run of a matrix trains the same model on the same global batch."""
+    key = ("seq_len", "global_batch_size", "steps", "dtype")
+    same = [r for r in ok_records(results) if all(r[k] == record[k] for k in key)]
+    baseline = results["bench"].get("baseline")
+    for r in same:
+        if r["name"] == baseline:
+            return r
+    plain = [r for r in same if not r["flags"]["compile"] and not r["flags"]["float8"]]
+    return plain[0] if plain else None
+
+
+def attach_parity(results: dict[str, Any], rtol_of: dict[str, float]) -> None:
+    """Add ``parity`` to each ok record: max relative loss difference to its reference over all steps, and ok."""
+    for record in results["runs"]:
+        record["parity"] = None
+        if record["status"] != "ok":
+            continue
+        ref = parity_reference(results, record)
+        if ref is None:
+            continue
+        want = dict((step, loss) for step, loss in ref["loss_curve"])
+        diffs = [abs(loss - want[step]) / abs(want[step]) for step, loss in record["loss_curve"] if step in want]
+        final = record["loss_curve"][-1] if record["loss_curve"] else None
+        rtol = rtol_of.get(record["name"], results["bench"]["parity_rtol"])
+        max_diff = max(diffs) if diffs else None
+        record["parity"] = {
+            "reference": ref["name"],
+            "rtol": rtol,
+            "steps_compared": len(diffs),
+            "max_rel_diff": max_diff,
+            "final_rel_diff": None if final is None or final[0] not in want else diffs[-1],
+            "ok": max_diff is not None and max_diff <= rtol,
+        }
+
+
+def ratio(value: float | None, base: float | None) -> str:
+    if value is None or not base:
+        return "-"
+    return f"{value / base:.2f}x"
+
+
+def baseline_record(results: dict[str, Any]) -> Record | None:
+    name = results["bench"].get("baseline")
+    return next((r for r in ok_records(results) if r["name"] == name), None)
+
+
+def main_table(results: dict[str, Any]) -> list[str]:
+    """Every run: the article's columns (configuration, TPS/device, memory) plus ratio, spread, loss and parity."""
+    base = baseline_record(results)
+    base_tps = base["tps_per_device"] if base else None
+    base_mem = base["peak_memory_gib"] if base else None
+    lines = [
+        "| Configuration | Ranks | TPS/device (median) | IQR | vs baseline | Job tokens/s | TFLOPs | MFU % "
+        "| Memory GiB | Memory vs baseline | Loss at last step | Parity (max rel. diff) | Status |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in (r for r in results["runs"] if r["group"] != "scaling"):
+        iqr = r.get("tps_per_device_iqr")
+        parity = r.get("parity") or {}
+        verdict = "" if not parity else (" ok" if parity["ok"] else " **over tol**")
+        diff = "reference" if parity.get("reference") == r["name"] else fmt_diff(parity.get("max_rel_diff")) + verdict
+        lines.append(
+            f"| {r['label']} (`{r['name']}`) | {r['world_size']} | {fmt(r['tps_per_device'])} | "
+            f"{'-' if not iqr else f'{iqr[0]:,.1f}-{iqr[1]:,.1f}'} | {ratio(r['tps_per_device'], base_tps)} | "
+            f"{fmt(r['job_tps'])} | {fmt(r['tflops'], 4)} | {fmt(r['mfu_pct'], 2)} | {fmt(r['peak_memory_gib'], 3)} | "
+            f"{ratio(r['peak_memory_gib'], base_mem)} | {fmt(r['final_loss'], 4)} | "
+            f"{diff} | {r['status']} |"
+        )
+    return lines
+
+
+def scaling_tables(results: dict[str, Any]) -> list[str]:
+    """Per scaling series: per-device throughput at N ranks over that at the fewest ranks (scaling efficiency)."""
+    by_name = {r["name"]: r for r in results["runs"]}
+    cores = results["machine"].get("cpu_cores") or 0
+    lines: list[str] = []
+    for series, names in results["bench"].get("scaling", {}).items():
+        rows = sorted((by_name[n] for n in names if n in by_name), key=lambda r: r["world_size"])
+        first = next((r for r in rows if r["status"] == "ok"), None)
+        lines += [
+            f"\n### Scaling: `{series}` (same global batch; fewer ranks use gradient accumulation)\n",
+            "| Ranks | Ranks per core | TPS/device | Scaling efficiency | Job tokens/s | Memory GiB "
+            "| Parity (max rel. diff) | Status |",
+            "|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in rows:
+            eff = None
+            if first and r["status"] == "ok" and first["tps_per_device"]:
+                eff = 100 * r["tps_per_device"] / first["tps_per_device"]
+            per_core = f"{r['world_size'] / cores:.1f}" if cores and results["machine"]["device"] == "cpu" else "-"
+            lines.append(
+                f"| {r['world_size']} | {per_core} | {fmt(r['tps_per_device'])} | "
+                f"{'-' if eff is None else f'{eff:.0f}%'} | {fmt(r['job_tps'])} | {fmt(r['peak_memory_gib'], 3)} | "
+                f"{fmt_diff((r.get('parity') or {}).get('max_rel_diff'))} | {r['status']} |"
+            )
+    return lines
+
+
+def group_table(results: dict[str, Any], title: str, rows: list[Record], extra: str) -> list[str]:
+    """A small table of related runs (pipeline schedules, context lengths)."""
+    if not rows:
+        return []
+    lines = [
+        f"\n### {title}\n",
+        f"| Configuration | Seq len | TPS/device | Memory GiB | {extra} | Status |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        value = fmt(r["bubble_pct"]) if extra.startswith("Bubble") else fmt(r["step_time_s"], 3)
+        lines.append(
+            f"| {r['label']} | {r['seq_len']} | {fmt(r['tps_per_device'])} | {fmt(r['peak_memory_gib'], 3)} | "
+            f"{value} | {r['status']} |"
+        )
+    return lines
+
+
+def failures(results: dict[str, Any]) -> list[str]:
+    bad = [r for r in results["runs"] if r["status"] != "ok"]
+    if not bad:
+        return ["\nEvery configuration ran."]
+    lines = ["\n## Configurations that did not run\n", "| Run | Status | Reason |", "|---|---|---|"]
+    for r in bad:
+        lines.append(f"| `{r['name']}` | {r['status']} | {r['error'].replace('|', '/')} |")
+    return lines
+
+
+def winner_lines(results: dict[str, Any]) -> list[str]:
+    """Which strategy wins here, by per-device throughput and by memory, among runs at the baseline's world size."""
+    base = baseline_record(results)
+    pool = [r for r in ok_records(results) if r["group"] == "strategy"]
+    if base is not None:
+        pool = [r for r in pool if r["world_size"] == base["world_size"]] or pool
+    if not pool:
+        return ["No strategy finished: see the failures below."]
+    fastest = max(pool, key=lambda r: r["tps_per_device"])
+    leanest = min(pool, key=lambda r: r["peak_memory_gib"])
+    return [
+        f"- **Fastest** at {fastest['world_size']} ranks: {fastest['label']}, {fmt(fastest['tps_per_device'])} "
+        f"tokens/s per device ({ratio(fastest['tps_per_device'], base['tps_per_device'] if base else None)} the "
+        "baseline).",
+        f"- **Least memory**: {leanest['label']}, {fmt(leanest['peak_memory_gib'], 3)} GiB peak per rank.",
+    ]
+
+
+def setup_lines(results: dict[str, Any]) -> list[str]:
+    """What was measured, on what, and what the hardware does to the figures."""
+    bench, machine, sweep = results["bench"], results["machine"], results.get("sweep", {})
+    lines = [
+        f"- Matrix `{bench['name']}` ({bench['source'] or 'built in'}): {bench['description']}".rstrip(": "),
+        f"- Model `{bench['flavor']}`, {bench['dtype']}, seq {bench['seq_len']} and global batch "
+        f"{bench['global_batch_size']} sequences (unless a run states otherwise), same seed and data for every run: "
+        "the loss curves of runs with the same sequence length and batch must coincide.",
+        f"- {bench['warmup_steps']} warm-up steps (not timed), then {bench['measured_steps']} measured steps; each "
+        "figure is the median over the measured steps, with the inter-quartile range (IQR). Memory: peak over the "
+        "measured steps, maximum over ranks.",
+    ]
+    if machine["device"] == "cuda":
+        lines.append(f"- Hardware: {machine['gpus']} x {machine['gpu_name']} per node, NCCL; torch {machine['torch']}.")
+    else:
+        lines.append(
+            f"- Hardware: {machine['cpu']}, **{machine['cpu_cores']} CPU cores, no GPU**; gloo; torch "
+            f"{machine['torch']}. Load average before the sweep: {fmt(machine.get('load_avg_1m_before'), 2)}."
+        )
+        lines += cpu_caveats(machine["cpu_cores"])
+    if bench.get("note"):
+        lines.append(f"- {bench['note']}")
+    if sweep:
+        lines.append(
+            f"- This sweep: {sweep.get('ran', 0)} runs executed, {sweep.get('reused', 0)} reused from an earlier "
+            f"sweep; wall time {fmt(sweep.get('wall_s'))} s."
+        )
+    return lines
+
+
+def cpu_caveats(cores: int) -> list[str]:
+    return [
+        f"- **Ranks share the {cores} cores.** Each rank is a process with its own thread(s); a run with more ranks "
+        f"than cores time-slices them, so a 'device' here is a share of a core, not a GPU. Up to {cores} ranks every "
+        f"rank has a core; at 4 ranks each gets about half of one, at 8 about a quarter. Per-device throughput "
+        "therefore falls with the rank count by itself: compare strategies at the same number of ranks, read "
+        f"the scaling curve's drop past {cores} ranks as core sharing rather than communication cost, and read "
+        "*job tokens/s* (the whole machine) as the fair total.",
+        "- Collectives go through gloo on one host (shared memory / loopback TCP) and cost far more relative to the "
+        "tiny model's compute than NCCL on NVLink does for an 8B model, so communication-heavy layouts (TP, CP) "
+        "look worse here than on GPUs; the pipeline bubble is the same arithmetic as on GPUs. MFU is against a "
+        "measured CPU matmul peak, not a datasheet.",
+    ]
+
+
+def reference_table(results: dict[str, Any]) -> list[str]:
+    """The article's figures beside the measured ones (absolute figures only where the setup matches)."""
+    rows = [r for r in results["runs"] if r.get("reference")]
+    if not rows:
+        return ["\nNo run of this matrix names an article figure (`reference = ...`)."]
+    by_ref = {r["reference"]: r for r in rows}
+    lines = [
+        "\n## Measured vs the article\n",
+        "Absolute figures compare only where the setup matches (model, world size, layout, sequence length); "
+        "elsewhere compare the gain over the table's first row.\n",
+        "| Run | Article row | Setup matches | TPS/device | Article TPS/GPU | Memory GiB | Article GiB "
+        "| Gain (measured) | Gain (article) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        fig = figure(r["reference"])
+        base = by_ref.get(fig.baseline)
+        gain = ratio(r["tps_per_device"], base["tps_per_device"] if base and base["status"] == "ok" else None)
+        match = fig.matches(r)
+        lines.append(
+            f"| `{r['name']}` | {fig.table.split(':')[0]}: {fig.configuration} | {'yes' if match else 'no'} | "
+            f"{fmt(r['tps_per_device'])} | {fmt(fig.tps_per_gpu, 0) if match else f'({fig.tps_per_gpu:,.0f})'} | "
+            f"{fmt(r['peak_memory_gib'], 3)} | {fmt(fig.memory_gib) if match else f'({fig.memory_gib:.1f})'} | "
+            f"{gain} | {article_ratio(fig.key):.2f}x |"
+        )
+    tables = sorted({figure(r["reference"]).table for r in rows})
+    lines += ["", *[f"- {t}" for t in tables], *[f"- Article claim: {c}" for c in CLAIMS]]
+    return lines
+
+
+def timing_table(results: dict[str, Any]) -> list[str]:
+    lines = ["\n## Run times\n", "| Run | Wall s | Start-up s | Step time s (median) |", "|---|---:|---:|---:|"]
+    for r in results["runs"]:
+        lines.append(f"| `{r['name']}` | {fmt(r['wall_s'])} | {fmt(r['startup_s'])} | {fmt(r['step_time_s'], 3)} |")
+    return lines
+
+
+PLOTS = (
+    ("throughput.png", "Throughput per strategy (tokens/s per device, higher is better)"),
+    ("scaling.png", "Throughput vs number of ranks (higher is better)"),
+    ("memory.png", "Peak memory per strategy (GiB per rank, lower is better)"),
+    ("loss.png", "Loss curves, all strategies overlaid"),
+)
+
+
+def render_report(results: dict[str, Any], *, compare_with: str = "", plots_prefix: str = "") -> str:
+    """The whole report.md as text."""
+    records = results["runs"]
+    pp_rows = [r for r in records if r["layout"]["pp"] > 1]
+    cp_rows = [r for r in records if r["group"] == "context" or r["layout"]["cp"] > 1]
+    lines = [
+        f"# meshforge bench: {results['bench']['name']}",
+        "",
+        *winner_lines(results),
+        "",
+        "## Setup",
+        "",
+        *setup_lines(results),
+        "",
+        f"## Strategies (baseline: `{results['bench'].get('baseline') or '-'}`)",
+        "",
+        *main_table(results),
+        *scaling_tables(results),
+        *group_table(results, "Pipeline schedules", pp_rows, "Bubble %"),
+        *group_table(results, "Context parallel at several sequence lengths", cp_rows, "Step time s"),
+        *failures(results),
+    ]
+    if compare_with == "reference":
+        lines += reference_table(results)
+    lines += ["", "## Plots", ""]
+    lines += [f"![{title}]({plots_prefix}{name})" for name, title in PLOTS]
+    lines += timing_table(results)
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: dict[str, Any], out_dir: Path, *, compare_with: str = "") -> Path:
+    path = out_dir / "report.md"
+    path.write_text(render_report(results, compare_with=compare_with))
+    return path

@@ -1,0 +1,406 @@
+"""Run a benchmark matrix: each run its own `meshforge train` job (torchrun), timed after warm-up, one record each.
+
+A run writes into ``OUT/runs/<name>/`` (metrics.jsonl, config.toml, stdout.log, stderr.log, record.json). A finished
+run whose command has not changed is skipped when the sweep is run again (``force`` reruns everything,
+``retry_failed`` reruns failed ones). A failed run (crash, OOM, timeout, a feature this hardware lacks) is recorded
+with its reason and the sweep goes on. ``OUT/results.json`` is rewritten after every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meshforge.bench.matrix import BenchMatrix, BenchRun
+
+SCHEMA_VERSION = 1
+FINISHED = ("ok", "failed", "unsupported")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How runs are started: one node (torchrun --standalone) or several (torchrun c10d rendezvous)."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    nproc_per_node: int = 0  # 0: the run's ranks on one node
+    rdzv_endpoint: str = ""
+
+    def nodes_for(self, ranks: int) -> int:
+        if self.nnodes == 1 or not self.nproc_per_node or ranks <= self.nproc_per_node:
+            return 1
+        return ranks // self.nproc_per_node
+
+
+def command(matrix: BenchMatrix, run: BenchRun, dump_folder: str, launch: Launch) -> list[str]:
+    """The command line of one run: `python -m meshforge train --nproc N ...`, or torchrun with rendezvous."""
+    args = matrix.train_args(run, dump_folder)
+    nodes = launch.nodes_for(run.ranks)
+    if nodes == 1:
+        return [sys.executable, "-m", "meshforge", "train", "--nproc", str(run.ranks), *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        f"--nproc_per_node={launch.nproc_per_node}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={launch.rdzv_endpoint}",
+        f"--rdzv_id={matrix.name}-{run.name}",
+        "-m",
+        "meshforge",
+        "train",
+        *args,
+    ]
+
+
+def threads_per_rank(matrix: BenchMatrix, run: BenchRun) -> int:
+    """OMP threads of each rank: the matrix value, or (0) the cores divided among the ranks."""
+    if matrix.threads_per_rank > 0:
+        return matrix.threads_per_rank
+    return max(1, cpu_cores() // run.ranks)
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def hardware_refusal(run: BenchRun, launch: Launch) -> str:
+    """Why this machine cannot start the run at all ('' if it can): too few local GPUs for a one-node run."""
+    import torch
+
+    if not torch.cuda.is_available() or launch.nodes_for(run.ranks) > 1:
+        return ""
+    gpus = torch.cuda.device_count()
+    if run.ranks > gpus:
+        return (
+            f"needs {run.ranks} GPUs but this node has {gpus}; run it on more nodes with --nnodes/--nproc-per-node/"
+            "--rdzv-endpoint (scripts/slurm_bench.sh)"
+        )
+    return ""
+
+
+def run_one(
+    matrix: BenchMatrix, run: BenchRun, out_dir: Path, launch: Launch, progress: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """Start one run, wait for it (bounded by its timeout), and summarise it into a record."""
+    folder = out_dir / "runs" / run.name
+    folder.mkdir(parents=True, exist_ok=True)
+    metrics_path = folder / "metrics.jsonl"
+    if launch.node_rank == 0:
+        metrics_path.unlink(missing_ok=True)
+    cmd = command(matrix, run, str(folder), launch)
+    refusal = hardware_refusal(run, launch)
+    if refusal:
+        return make_record(matrix, run, cmd, [], 0.0, "unsupported", refusal)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank(matrix, run)), "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    suffix = "" if launch.node_rank == 0 else f".node{launch.node_rank}"
+    with (folder / f"stdout{suffix}.log").open("w") as out, (folder / f"stderr{suffix}.log").open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+        timed_out = wait(proc, matrix.timeout_of(run), metrics_path, progress)
+    wall = time.perf_counter() - start
+    metrics = read_metrics(metrics_path)
+    logs = (folder / f"stdout{suffix}.log", folder / f"stderr{suffix}.log")
+    status, error = classify(proc.returncode, timed_out, matrix.timeout_of(run), logs, metrics, matrix.steps)
+    return make_record(matrix, run, cmd, metrics, wall, status, error)
+
+
+def wait(
+    proc: subprocess.Popen[bytes], timeout_s: int, metrics_path: Path, progress: Callable[[int], None] | None
+) -> bool:
+    """Wait for the process group; report logged steps as they appear; kill the group at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            stop_group(proc)
+            return True
+        if progress is not None:
+            progress(count_lines(metrics_path))
+        time.sleep(0.25)
+    return False
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """End the process group this runner started (torchrun and its ranks): TERM, then KILL."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def count_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+    return records
+
+
+def classify(
+    returncode: int | None,
+    timed_out: bool,
+    timeout_s: int,
+    logs: tuple[Path, Path],
+    metrics: list[dict[str, Any]],
+    steps: int,
+) -> tuple[str, str]:
+    """(status, error): ok, unsupported (meshforge refused the layout or feature with a reason), or failed."""
+    stdout, stderr = (path.read_text(errors="replace") for path in logs)
+    if timed_out:
+        return "failed", f"timeout: no result within {timeout_s} s ({len(metrics)} of {steps} steps logged)"
+    if returncode == 0 and len(metrics) >= steps:
+        return "ok", ""
+    error = error_line(stderr + "\n" + stdout)
+    if returncode == 0:
+        return "failed", f"the run ended after {len(metrics)} of {steps} steps"
+    if re.search(r"out of memory|OutOfMemoryError|Signals?\.SIGKILL|exitcode\s*:\s*-9", stderr + stdout):
+        return "failed", "OOM: " + (error or "a rank was killed (out of memory?)")
+    if re.search(r"meshforge (train|bench)[^\n]*: (config )?error:", stderr + stdout):
+        return "unsupported", error
+    return "failed", error or f"exit code {returncode}"
+
+
+_OWN_ERROR = re.compile(r"meshforge [a-z]+:(?: config)? error: .*")
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt)\b(?::.*)?)$")
+_NOISE = ("ChildFailedError", "torch.distributed.elastic", "Traceback", "raise ", "During handling")
+
+
+def error_line(text: str) -> str:
+    """The reason a run failed: meshforge's own one-line error, else the first exception line of any rank."""
+    own = _OWN_ERROR.findall(text)
+    if own:
+        return own[0].strip()[:500]
+    for raw in text.splitlines():
+        line = raw.strip()
+        match = _EXCEPTION.match(line)
+        if match and not any(noise in line for noise in _NOISE):
+            return match.group(1).strip()[:500]
+    tail = [line.strip() for line in text.splitlines() if line.strip()]
+    return tail[-1][:500] if tail else ""
+
+
+def median_spread(values: list[float]) -> tuple[float | None, list[float] | None]:
+    """Median and inter-quartile range [q1, q3] (both ends equal to the value for a single measurement)."""
+    if not values:
+        return None, None
+    if len(values) == 1:
+        return values[0], [values[0], values[0]]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return statistics.median(values), [q1, q3]
+
+
+def _median(values: list[Any]) -> float | None:
+    clean = [v for v in values if v is not None]
+    return statistics.median(clean) if clean else None
+
+
+def make_record(
+    matrix: BenchMatrix,
+    run: BenchRun,
+    cmd: list[str],
+    metrics: list[dict[str, Any]],
+    wall_s: float,
+    status: str,
+    error: str,
+) -> dict[str, Any]:
+    """One results.json record: the run's setup, then figures over the measured steps (after warm-up)."""
+    measured = [m for m in metrics if m["step"] > matrix.warmup_steps] if status == "ok" else []
+    tps, iqr = median_spread([m["tps"] for m in measured])
+    record: dict[str, Any] = {
+        "name": run.name,
+        "label": run.describe(),
+        "group": run.group,
+        "layout": run.layout(),
+        "flags": matrix.flags_of(run),
+        "flavor": matrix.flavor,
+        "dtype": matrix.dtype,
+        "seq_len": matrix.seq_len_of(run),
+        "global_batch_size": matrix.global_batch_of(run),
+        "local_batch_size": matrix.local_batch_size(run),
+        "gradient_accumulation_steps": run.gradient_accumulation_steps,
+        "world_size": run.ranks,
+        "threads_per_rank": threads_per_rank(matrix, run),
+        "steps": matrix.steps,
+        "warmup_steps": matrix.warmup_steps,
+        "measured_steps": len(measured),
+        "tps_per_device": tps,
+        "tps_per_device_iqr": iqr,
+        "tps_per_device_min": min((m["tps"] for m in measured), default=None),
+        "tps_per_device_max": max((m["tps"] for m in measured), default=None),
+        "job_tps": None if tps is None else tps * run.ranks,
+        "tflops": _median([m.get("tflops") for m in measured]),
+        "mfu_pct": _median([m.get("mfu_pct") for m in measured]),
+        "peak_memory_gib": max((m["peak_memory_gib"] for m in measured), default=None),
+        "step_time_s": _median([m.get("step_time_s") for m in measured]),
+        "data_loading_pct": _median([m.get("data_loading_pct") for m in measured]),
+        "bubble_pct": _median([m.get("bubble_pct") for m in measured]),
+        "final_loss": metrics[-1]["loss"] if metrics else None,
+        "loss_curve": [[m["step"], m["loss"]] for m in metrics],
+        "wall_s": round(wall_s, 2),
+        "startup_s": round(wall_s - metrics[-1]["elapsed_s"], 2) if metrics and wall_s else None,
+        "status": status,
+        "error": error,
+        "reference": run.reference,
+        "command": cmd,
+        "fingerprint": matrix.fingerprint(run),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    return record
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures were measured on: CPU model and cores, accelerators, torch version, load before the sweep."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cuda = torch.cuda.is_available()
+    return {
+        "cpu": cpu,
+        "cpu_cores": cpu_cores(),
+        "device": "cuda" if cuda else "cpu",
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "gpu_name": torch.cuda.get_device_name(0) if cuda else "",
+        "backend": "nccl" if cuda else "gloo",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_avg_1m_before": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+
+
+def record_path(out_dir: Path, name: str) -> Path:
+    return out_dir / "runs" / name / "record.json"
+
+
+def previous_record(out_dir: Path, matrix: BenchMatrix, run: BenchRun) -> dict[str, Any] | None:
+    """The saved record of a finished run with the same command, or None (never run, changed, or cut short)."""
+    path = record_path(out_dir, run.name)
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if record.get("fingerprint") != matrix.fingerprint(run) or record.get("status") not in FINISHED:
+        return None
+    return record
+
+
+@dataclass
+class SweepPlan:
+    """What a sweep does, decided once before anything runs: the runs to start, and the earlier records kept."""
+
+    runs: list[BenchRun]
+    kept: dict[str, dict[str, Any]]
+    todo: list[BenchRun]
+
+
+def plan_sweep(
+    matrix: BenchMatrix,
+    out_dir: Path,
+    *,
+    force: bool = False,
+    retry_failed: bool = False,
+    only: list[str] | None = None,
+) -> SweepPlan:
+    """Runs without a finished record (or all with ``force``, or failed ones with ``retry_failed``) are to run; with
+    ``only``, just those named are, and every other run keeps its earlier record if it has one."""
+    names = [r.name for r in matrix.runs]
+    for name in only or []:
+        if name not in names:
+            raise ValueError(f"--only {name}: no such run; the matrix has {', '.join(names)}")
+    kept: dict[str, dict[str, Any]] = {}
+    todo: list[BenchRun] = []
+    for run in matrix.runs:
+        old = previous_record(out_dir, matrix, run)
+        selected = not only or run.name in only
+        rerun = force or (retry_failed and old is not None and old["status"] != "ok")
+        if selected and (old is None or rerun):
+            todo.append(run)
+        elif old is not None:
+            kept[run.name] = old
+    return SweepPlan(list(matrix.runs), kept, todo)
+
+
+def save_record(out_dir: Path, record: dict[str, Any]) -> None:
+    write_json(record_path(out_dir, record["name"]), record)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically: a reader (or a crash) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def build_results(
+    matrix: BenchMatrix, records: list[dict[str, Any]], machine: dict[str, Any], sweep: dict[str, Any]
+) -> dict[str, Any]:
+    """The content of results.json: the matrix settings, the machine, this sweep, and one record per run."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "bench": {
+            "name": matrix.name,
+            "description": matrix.description,
+            "source": matrix.source,
+            "flavor": matrix.flavor,
+            "dtype": matrix.dtype,
+            "seq_len": matrix.seq_len,
+            "global_batch_size": matrix.global_batch_size,
+            "warmup_steps": matrix.warmup_steps,
+            "measured_steps": matrix.measured_steps,
+            "baseline": matrix.baseline,
+            "parity_rtol": matrix.parity_rtol,
+            "note": matrix.note,
+            "scaling": matrix.scaling,
+        },
+        "machine": machine,
+        "sweep": sweep,
+        "runs": records,
+    }
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    """The run records of a results.json (also accepts a bare list of records)."""
+    data = json.loads(Path(path).read_text())
+    records = data["runs"] if isinstance(data, dict) else data
+    if not isinstance(records, list):
+        raise ValueError(f"{path}: expected a results.json written by `meshforge bench`")
+    return records

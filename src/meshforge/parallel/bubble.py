@@ -1,0 +1,169 @@
+"""The pipeline bubble: each rank's measured idle share of a pipeline step, and what the schedule predicts.
+
+Measured: a ``BusyClock`` times every compute action of a rank's stages (forward, full / input / weight backward and the
+loss) and the whole ``schedule.step``; idle share = 1 - busy / step time. Waiting for a neighbour's activations or
+gradients is the only other thing a rank does inside a step, so this is the bubble. On CUDA the compute sections are
+timed with events on the current stream (host timers would only see kernel launches).
+
+Theory: GPipe and 1F1B idle (p-1)/(m+p-1) of a step (p ranks, m microbatches). Multi-stage schedules (interleaved,
+looped, zero-bubble, V-shaped, CSV) are simulated from the very action lists the runtime executes, with unit costs
+forward 1, input-backward 1, weight-backward 1, full backward 2 and free communication; interleaved 1F1B with v stages
+per rank then gives about (p-1)/(v m + p-1), ZBV about zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+
+Action = tuple[int, str, int]
+"""(stage index, kind F/B/I/W, microbatch index)."""
+COST = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+
+
+class BusyClock:
+    """Accumulates one rank's compute time and pipeline-step time since the last ``take``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.busy_s = 0.0
+        self.step_s = 0.0
+        self._events: list[tuple[Any, Any]] = []
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Time a compute section (nested sections count once)."""
+        self._depth += 1
+        outer = self._depth == 1
+        start = time.perf_counter()
+        if outer and self.cuda:
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if outer and self.cuda:
+                events[1].record()
+                self._events.append(events)
+            elif outer:
+                self.busy_s += time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Time one whole pipeline step (on CUDA it ends when the device has finished its work)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.cuda:
+                torch.cuda.synchronize()
+                self.busy_s += sum(a.elapsed_time(b) for a, b in self._events) / 1000
+                self._events.clear()
+            self.step_s += time.perf_counter() - start
+
+    def take(self) -> float:
+        """Idle share of the steps since the last call (0 when no step ran), then reset."""
+        idle = 1.0 - self.busy_s / self.step_s if self.step_s > 0 else 0.0
+        self.busy_s = self.step_s = 0.0
+        return max(0.0, idle)
+
+
+class TimedPipelineStage(PipelineStage):
+    """A ``PipelineStage`` whose compute actions are timed by a ``BusyClock``."""
+
+    def __init__(self, *args: Any, clock: BusyClock, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.clock = clock
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        with self.clock.busy():
+            return super().forward_one_chunk(*args, **kwargs)
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> None:
+        with self.clock.busy():
+            super().backward_one_chunk(*args, **kwargs)
+
+    def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> None:
+        with self.clock.busy():
+            super().backward_weight_one_chunk(*args, **kwargs)
+
+
+def idle_shares_by_pp_rank(clock: BusyClock, pp_group: dist.ProcessGroup) -> list[float]:
+    """Every pipeline rank's idle share since the last call (collective over the pipeline group)."""
+    mine = torch.tensor([clock.take()], dtype=torch.float64)
+    shares = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size(pp_group))]
+    dist.all_gather(shares, mine, group=pp_group)
+    return [float(s.item()) for s in shares]
+
+
+def single_stage_theory(pp: int, n_microbatches: int) -> float:
+    """GPipe / 1F1B: each rank idles (p-1) of the (m+p-1) forward+backward slots."""
+    return (pp - 1) / (n_microbatches + pp - 1)
+
+
+def _dependencies(action: Action, num_stages: int) -> list[tuple[int, str, int]]:
+    stage, kind, mb = action
+    if kind == "F":
+        return [(stage - 1, "F", mb)] if stage > 0 else []
+    if kind == "W":
+        return [(stage, "dX", mb)]
+    deps = [(stage, "F", mb)]
+    return [*deps, (stage + 1, "dX", mb)] if stage < num_stages - 1 else deps
+
+
+def simulate_idle_shares(order: dict[int, list[Action | None]], num_stages: int) -> list[float]:
+    """Idle share of each rank when its actions run in order with unit costs (see the module docstring).
+
+    Raises ValueError naming the rank and position of the first action that can never start (a deadlock)."""
+    done: dict[tuple[int, str, int], float] = {}
+    ranks = sorted(order)
+    todo = {r: [a for a in order[r] if a is not None] for r in ranks}
+    pos = dict.fromkeys(ranks, 0)
+    free = dict.fromkeys(ranks, 0.0)
+    busy = dict.fromkeys(ranks, 0.0)
+    while any(pos[r] < len(todo[r]) for r in ranks):
+        moved = False
+        for r in ranks:
+            while pos[r] < len(todo[r]):
+                stage, kind, mb = action = todo[r][pos[r]]
+                deps = _dependencies(action, num_stages)
+                if any(d not in done for d in deps):
+                    break
+                finish = max([free[r], *(done[d] for d in deps)]) + COST[kind]
+                done[(stage, "dX" if kind in "BI" else kind, mb)] = finish
+                free[r], busy[r], pos[r], moved = finish, busy[r] + COST[kind], pos[r] + 1, True
+        if not moved:
+            r = next(r for r in ranks if pos[r] < len(todo[r]))
+            stage, kind, mb = todo[r][pos[r]]
+            raise ValueError(
+                f"the pipeline schedule deadlocks: rank {r}'s action {pos[r] + 1} ({stage}{kind}{mb}) waits for work "
+                "that never happens; reorder the actions"
+            )
+    makespan = max(free.values())
+    return [1.0 - busy[r] / makespan for r in ranks]
+
+
+def compute_actions(order: dict[int, list[Any]]) -> dict[int, list[Action | None]]:
+    """torch's schedule IR (``_Action`` lists, OVERLAP_F_B expanded) -> plain (stage, kind, microbatch) tuples."""
+    out: dict[int, list[Action | None]] = {}
+    for rank, actions in order.items():
+        row: list[Action | None] = []
+        for action in actions:
+            if action is None:
+                continue
+            for sub in action.sub_actions or (action,):
+                kind = sub.computation_type.value
+                if kind in COST:
+                    row.append((sub.stage_index, kind, sub.microbatch_index))
+        out[rank] = row
+    return out

@@ -1,0 +1,69 @@
+"""Float8 training of the linear layers via torchao (``quantize.dense.float8``).
+
+``convert_to_float8_training`` swaps ``nn.Linear`` for torchao's ``Float8Linear``: inputs, weights and output
+gradients are cast to Float8 with dynamic scales (one per tensor: ``tensorwise``; one per row: ``rowwise``) and the
+matmuls run in ``torch._scaled_mm``. On CUDA this needs compute capability >= 8.9 (Ada, Hopper, Blackwell); on CPU
+``_scaled_mm`` runs (slowly), which is what the tests use. Layers whose name contains one of ``filter_fqns``
+(default: the output projection) or whose dimensions are not multiples of 16 stay in high precision.
+
+With tensorwise scaling under FSDP, ``enable_fsdp_float8_all_gather`` all-gathers the weights in Float8 (half the
+bytes of bf16); the scales are then computed per parameter at each all-gather (no separate precompute step).
+MFU is not reported for Float8 runs (the peak FLOP/s would be that of Float8, not of the dtype of the rest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from meshforge.config import Float8
+
+MIN_CAPABILITY = (8, 9)
+
+
+def check_float8_support(cfg: Float8, device: torch.device) -> None:
+    """ValueError when Float8 is asked for on a GPU without Float8 matmuls (compute capability < 8.9)."""
+    if not cfg.enable or device.type != "cuda" or cfg.emulate:
+        return
+    capability = torch.cuda.get_device_capability(device)
+    check_capability(capability, torch.cuda.get_device_name(device))
+
+
+def check_capability(capability: tuple[int, int], name: str) -> None:
+    if capability < MIN_CAPABILITY:
+        raise ValueError(
+            f"quantize.dense.float8.enable = true needs CUDA compute capability >= 8.9 but {name} has "
+            f"{capability[0]}.{capability[1]}; set it to false (or quantize.dense.float8.emulate = true for tests)"
+        )
+
+
+def float8_filter(filter_fqns: list[str]) -> object:
+    """The module filter: ``nn.Linear`` not named in ``filter_fqns`` with both dimensions multiples of 16."""
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        if not isinstance(module, nn.Linear) or any(part in fqn for part in filter_fqns):
+            return False
+        out_features, in_features = module.weight.shape
+        return out_features % 16 == 0 and in_features % 16 == 0
+
+    return keep
+
+
+def apply_float8(model: nn.Module, cfg: Float8, *, fsdp: bool) -> list[str]:
+    """Convert the eligible linear layers of ``model`` in place; returns the names of the converted layers."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
+
+    config = Float8LinearConfig.from_recipe_name(cfg.recipe_name)
+    float8_all_gather = fsdp and cfg.enable_fsdp_float8_all_gather and cfg.recipe_name == "tensorwise"
+    config = dataclasses.replace(config, emulate=cfg.emulate, enable_fsdp_float8_all_gather=float8_all_gather)
+    convert_to_float8_training(model, module_filter_fn=float8_filter(cfg.filter_fqns), config=config)  # type: ignore[arg-type]
+    converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
+    if not converted:
+        raise ValueError(
+            "quantize.dense.float8.enable = true but no linear layer qualifies (all are filtered by "
+            f"quantize.dense.float8.filter_fqns = {cfg.filter_fqns} or have dimensions not divisible by 16)"
+        )
+    return converted

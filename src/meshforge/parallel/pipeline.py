@@ -1,0 +1,210 @@
+"""Pipeline parallelism: split the model into stages, parallelize each, run a torch.distributed.pipelining schedule.
+
+``build_pipeline`` checks the whole layout first (schedule name or CSV, microbatches, stages per rank, module names,
+compatibility with FSDP resharding and compile), so a bad configuration is a ValueError before any rank waits on
+another. Then, for each stage this pipeline rank runs, it copies the meta-device model, keeps only the stage's modules,
+hands the part to ``parallelize_part`` (TP / AC / compile / FSDP), materialises it and initialises it by parameter name
+(so every stage holds exactly the weights the whole model would), and wraps it in a timed ``PipelineStage``.
+
+``Pipeline.step`` runs one schedule step over a local batch and returns the true loss on every rank (the loss exists
+only where the last stage runs; it is summed over the pipeline group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _PipelineSchedule
+from torch.distributed.tensor import DTensor
+
+from meshforge.config import Parallelism, Training
+from meshforge.model.llama import Transformer
+from meshforge.parallel.bubble import (
+    BusyClock,
+    TimedPipelineStage,
+    compute_actions,
+    idle_shares_by_pp_rank,
+    simulate_idle_shares,
+    single_stage_theory,
+)
+from meshforge.parallel.dims import ParallelDims, sub_mesh
+from meshforge.parallel.pipeline_schedule import (
+    ScheduleSpec,
+    build_schedule,
+    check_microbatches,
+    num_microbatches,
+    schedule_spec,
+)
+from meshforge.parallel.pipeline_split import (
+    Style,
+    check_stages_per_rank,
+    num_stages_for,
+    prune_to_stage,
+    stage_modules,
+    stage_to_rank,
+)
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ScaledLoss:
+    """The training loss of one microbatch times ``scale`` (1 / (microbatches x accumulation steps)), timed as
+    compute: the schedule then accumulates exactly the gradient of the mean loss, with no rescaling afterwards."""
+
+    def __init__(self, loss_fn: LossFn, clock: BusyClock) -> None:
+        self.loss_fn, self.clock, self.scale = loss_fn, clock, 1.0
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        with self.clock.busy():
+            return self.loss_fn(output, target) * self.scale
+
+
+@dataclass
+class Pipeline:
+    """This rank's stages, the schedule that runs them, and what the bubble should be."""
+
+    spec: ScheduleSpec
+    schedule: _PipelineSchedule
+    stages: list[TimedPipelineStage]
+    pp_group: dist.ProcessGroup
+    n_microbatches: int
+    loss: ScaledLoss
+    clock: BusyClock
+    theory_idle: float
+
+    @property
+    def model_parts(self) -> list[nn.Module]:
+        return [stage.submod for stage in self.stages]
+
+    @property
+    def has_first(self) -> bool:
+        return any(stage.is_first for stage in self.stages)
+
+    @property
+    def has_last(self) -> bool:
+        return any(stage.is_last for stage in self.stages)
+
+    def step(
+        self, inputs: torch.Tensor, labels: torch.Tensor, scale: float, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Forward + backward of a local batch (batch, seq), all microbatches; gradients are scaled by ``scale``.
+
+        ``positions`` (seq,): the tokens' global positions under context parallel. Every stage gets them as a
+        (batch, seq) keyword, split into microbatches with the batch: a later stage cannot read the sequence length
+        from its input, which sequence parallel leaves sharded. Returns the mean loss of the batch (unscaled,
+        detached) on every pipeline rank."""
+        batch, seq = inputs.shape
+        if positions is None:
+            positions = torch.arange(seq, device=inputs.device)
+        self.loss.scale = scale / self.n_microbatches
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first else ()
+        target = labels if self.has_last else None
+        with self.clock.step():
+            self.schedule.step(
+                *args, target=target, losses=losses, return_outputs=False, positions=positions.expand(batch, -1)
+            )
+        total = torch.zeros((), dtype=torch.float32, device=inputs.device)
+        if self.has_last:
+            local = [loss.full_tensor() if isinstance(loss, DTensor) else loss for loss in losses]  # loss parallel
+            total = torch.stack([loss.detach().float() for loss in local]).sum() / scale
+        dist.all_reduce(total, group=self.pp_group)  # only the last stage's rank holds a non-zero loss
+        return total
+
+    def metrics(self) -> dict[str, float]:
+        """Measured idle share per pipeline rank since the last call, their mean and max, and the theory (in %).
+        Collective over the pipeline group."""
+        shares = idle_shares_by_pp_rank(self.clock, self.pp_group)
+        out = {f"bubble_pct_pp{rank}": 100 * share for rank, share in enumerate(shares)}
+        out["bubble_pct"] = 100 * sum(shares) / len(shares)
+        out["bubble_pct_max"] = 100 * max(shares)
+        out["bubble_theory_pct"] = 100 * self.theory_idle
+        return out
+
+
+def check_compatibility(spec: ScheduleSpec, cfg: Parallelism, dims: ParallelDims, compile_enabled: bool) -> None:
+    """Combinations that cannot be right: refuse them instead of training silently wrong."""
+    if not spec.split_backward:
+        return
+    if dims.fsdp_enabled and cfg.fsdp_reshard_after_forward == "always":
+        # torch's split backward (stage_backward_input) finds the weights to differentiate from
+        # `stage.submod.parameters()` when the I action runs. With reshard-after-forward, FSDP2 has swapped the
+        # sharded DTensor parameters back onto the modules after forward, and those are not the unsharded tensors
+        # the forward graph used: no gradient path is found, the W action computes nothing for them, and their
+        # gradients stay None (see docs/pipeline.md, "FSDP resharding and zero-bubble schedules").
+        raise ValueError(
+            f"parallelism.fsdp_reshard_after_forward = 'always' with the {spec.name} schedule gives wrong gradients "
+            "(its split input/weight backward loses the weights FSDP resharded); use 'default' or 'never'"
+        )
+    if compile_enabled:
+        raise ValueError(
+            f"compile.enable = true with the {spec.name} schedule: torch cannot split the backward of compiled "
+            "blocks into input and weight gradients; disable compile or use 1F1B / Interleaved1F1B"
+        )
+
+
+def plan_stages(spec: ScheduleSpec, cfg: Parallelism, n_layers: int, pp: int) -> tuple[list[list[str]], dict[int, int]]:
+    """Module names of every stage and the pipeline rank of every stage."""
+    if spec.csv is None:
+        num_stages = num_stages_for(cfg, n_layers, pp, spec.style)
+        return stage_modules(cfg, n_layers, num_stages), stage_to_rank(num_stages, pp, spec.style)
+    num_stages = len(spec.csv.stage_rank)
+    style: Style = "single" if num_stages == pp else "loop"
+    check_stages_per_rank(num_stages, pp, style, f"{spec.csv.path} runs {num_stages} stages")
+    if cfg.module_fqns_per_model_part or cfg.pipeline_parallel_layers_per_stage > 0:
+        split_stages = num_stages_for(cfg, n_layers, pp, style)
+        if split_stages != num_stages:
+            raise ValueError(
+                f"{spec.csv.path} runs {num_stages} stages but the stage split gives {split_stages}; make them agree"
+            )
+    return stage_modules(cfg, n_layers, num_stages), spec.csv.stage_rank
+
+
+def build_pipeline(
+    model: Transformer,
+    dims: ParallelDims,
+    mesh: DeviceMesh | None,
+    *,
+    parallelism: Parallelism,
+    training: Training,
+    compile_enabled: bool,
+    device: torch.device,
+    parallelize_part: Callable[[nn.Module], None],
+    loss_fn: LossFn,
+) -> Pipeline:
+    """Validate the layout, build and initialise this rank's stages, and the schedule (see the module docstring)."""
+    spec = schedule_spec(parallelism.pipeline_parallel_schedule, parallelism.pipeline_parallel_schedule_csv, dims.pp)
+    n_micro = num_microbatches(training.local_batch_size, parallelism.pipeline_parallel_microbatch_size)
+    modules, ranks = plan_stages(spec, parallelism, model.args.n_layers, dims.pp)
+    check_microbatches(spec, n_micro, dims.pp, len(modules))
+    check_compatibility(spec, parallelism, dims, compile_enabled)
+
+    pp_mesh = sub_mesh(mesh, "pp")
+    assert pp_mesh is not None, "build_pipeline needs a mesh with a pp axis"
+    pp_group, pp_rank = pp_mesh.get_group(), pp_mesh.get_local_rank()
+    clock = BusyClock(device)
+    stages: list[TimedPipelineStage] = []
+    for index in sorted(s for s, r in ranks.items() if r == pp_rank):
+        part = prune_to_stage(model, modules[index])
+        parallelize_part(part)
+        part.to_empty(device=device)
+        part.init_weights(training.seed)
+        part.train()
+        stages.append(TimedPipelineStage(part, index, len(modules), device, group=pp_group, clock=clock))
+    loss = ScaledLoss(loss_fn, clock)
+    schedule = build_schedule(spec, stages, n_micro, loss)
+    return Pipeline(spec, schedule, stages, pp_group, n_micro, loss, clock, theory_idle(schedule, dims.pp, n_micro))
+
+
+def theory_idle(schedule: _PipelineSchedule, pp: int, n_microbatches: int) -> float:
+    """Mean idle share over the pipeline ranks that the schedule predicts (module docstring of bubble.py)."""
+    if not isinstance(schedule, PipelineScheduleMulti):
+        return single_stage_theory(pp, n_microbatches)
+    order = compute_actions(schedule.pipeline_order)
+    shares = simulate_idle_shares(order, schedule._num_stages)
+    return sum(shares) / len(shares)

@@ -1,0 +1,137 @@
+"""Tensor parallel (Megatron-style) with DTensor ``parallelize_module``, sequence parallel and loss parallel.
+
+Plans are literal dicts, one for the model's root modules and one per transformer block:
+
+* attention: ``wq``/``wk``/``wv`` column-wise (each rank owns ``n_heads / tp`` heads), ``wo`` row-wise;
+* feed-forward: ``w1``/``w3`` column-wise, ``w2`` row-wise;
+* sequence parallel (on by default): the residual stream and the norms are split along the sequence (``Shard(1)``);
+  the inputs of attention and feed-forward are all-gathered, their row-wise outputs reduce-scattered;
+* loss parallel (on unless ``parallelism.disable_loss_parallel``): the output projection leaves the logits
+  vocab-sharded (``Shard(-1)``) and the cross-entropy runs inside :func:`loss_parallel_context`;
+* Float8 (tensorwise) blocks use torchao's Float8 styles, so the all-gathers of activations move Float8 bytes;
+* async TP lets inductor overlap the TP collectives with the matmuls (CUDA symmetric memory, needs compile).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.parallel.style import ParallelStyle
+
+
+def apply_tp(
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    *,
+    sequence_parallel: bool,
+    loss_parallel: bool,
+    float8: bool,
+    async_tp: bool,
+) -> None:
+    """Shard ``model``'s linear layers (and, under sequence parallel, its norms' activations) over ``tp_mesh``.
+
+    ``float8``: the model's linear layers were converted to torchao Float8Linear with tensorwise scaling; blocks
+    whose linear layers all are Float8 use the Float8-aware styles. Modules that are ``None`` (pipeline stages) are
+    skipped.
+    """
+    if async_tp and tp_mesh.device_type != "cuda":
+        raise ValueError(
+            "parallelism.enable_async_tensor_parallel = true needs CUDA symmetric memory, but the device is "
+            f"{tp_mesh.device_type}; set it to false"
+        )
+    plan = root_plan(sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
+    present = {key: style for key, style in plan.items() if getattr(model, key, None) is not None}
+    if present:
+        parallelize_module(model, tp_mesh, present)
+    layers: nn.ModuleDict = model.layers  # type: ignore[assignment]
+    for block in layers.values():
+        use_float8 = float8 and _all_linears_float8(block)
+        parallelize_module(block, tp_mesh, block_plan(sequence_parallel=sequence_parallel, float8=use_float8))
+    if async_tp:
+        # inductor's micro-pipeline pass rewrites all-gather + matmul and matmul + reduce-scatter into overlapped
+        # symmetric-memory kernels in the compiled blocks
+        torch._inductor.config._micro_pipeline_tp = True  # type: ignore[attr-defined]
+
+
+def root_plan(*, sequence_parallel: bool, loss_parallel: bool) -> dict[str, ParallelStyle]:
+    """Embedding (vocab rows split), final norm, output projection (vocab columns split)."""
+    logits = Shard(-1) if loss_parallel else Replicate()
+    if not sequence_parallel:
+        return {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            "output": ColwiseParallel(
+                input_layouts=Replicate(), output_layouts=logits, use_local_output=not loss_parallel
+            ),
+        }
+    return {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=logits, use_local_output=not loss_parallel),
+    }
+
+
+def block_plan(*, sequence_parallel: bool, float8: bool) -> dict[str, ParallelStyle]:
+    """One transformer block: heads and FFN columns split; under sequence parallel the norms and residual too."""
+    colwise, rowwise, prepare_input = _styles(float8)
+    if not sequence_parallel:
+        return {
+            "attention.wq": colwise(),
+            "attention.wk": colwise(),
+            "attention.wv": colwise(),
+            "attention.wo": rowwise(),
+            "feed_forward.w1": colwise(),
+            "feed_forward.w2": rowwise(),
+            "feed_forward.w3": colwise(),
+        }
+    return {
+        "attention_norm": SequenceParallel(),
+        # (hidden, rope): gather the sequence-sharded hidden state, leave the RoPE table alone
+        "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+        "attention.wq": colwise(),
+        "attention.wk": colwise(),
+        "attention.wv": colwise(),
+        "attention.wo": rowwise(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": colwise(),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+        "feed_forward.w3": colwise(),
+    }
+
+
+def _styles(float8: bool) -> tuple[Any, Any, Any]:
+    """(column-wise, row-wise, prepare-input) style classes, Float8-aware when ``float8``."""
+    if float8:
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+    return ColwiseParallel, RowwiseParallel, PrepareModuleInput
+
+
+def _all_linears_float8(block: nn.Module) -> bool:
+    from torchao.float8.float8_linear import Float8Linear
+
+    linears = [m for m in block.modules() if isinstance(m, nn.Linear)]
+    return bool(linears) and all(isinstance(m, Float8Linear) for m in linears)
+
+
+def loss_parallel_context(enabled: bool) -> contextlib.AbstractContextManager[Any]:
+    """Around the loss and its backward: cross-entropy on vocab-sharded logits without gathering them."""
+    return loss_parallel() if enabled else contextlib.nullcontext()

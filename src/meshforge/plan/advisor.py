@@ -1,0 +1,146 @@
+"""Layout search: enumerate the valid layouts for N devices, drop those that do not fit, rank by predicted tokens/s.
+
+The global batch (sequences per optimizer step) of the given config is kept: each candidate's local batch is that
+divided by its data-parallel degree. Compile is turned on (it never costs speed in the model), Float8 where the device
+has fp8 tensor cores, async TP where TP > 1 on a GPU; AC mode, pipeline schedule and microbatch size are searched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from meshforge.config_io import ConfigError
+from meshforge.model.flavors import ModelArgs, get_flavor
+from meshforge.plan.estimate import Estimate, estimate
+from meshforge.plan.hardware import HardwareProfile
+from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, with_stages
+from meshforge.plan.memory import memory
+
+SEARCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
+AC_MODES = ("none", "selective", "full")
+MIN_CP_CHUNK = 4096
+"""Context parallel is only tried while each rank keeps at least this many tokens of a sequence."""
+SIMPLICITY_MARGIN = 0.05
+"""Among layouts within this fraction of the fastest (about the model's median error on the article), the one with the
+fewest parallel dimensions is recommended: extra dimensions cost engineering and risk the model does not see."""
+HSDP_SHARD_SIZES = (8, 16, 32, 64)
+"""Shard-group sizes tried for HSDP (dp_replicate > 1); plain FSDP over all data-parallel ranks is always tried."""
+
+
+@dataclass
+class SearchResult:
+    """Ranked fitting candidates (best first), how many were tried, and the given layout's own estimate."""
+
+    ranked: list[Estimate]
+    tried: int
+    baseline: Estimate | None
+
+    @property
+    def best(self) -> Estimate:
+        return self.ranked[0]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def structures(args: ModelArgs, base: Layout, world: int, devices_per_node: int) -> Iterator[tuple[int, ...]]:
+    """(dp_replicate, dp_shard, cp, tp, pp) with a product of ``world`` that the model and batch allow."""
+    global_seqs = base.local_batch_size * base.dp * base.grad_accum
+    for tp in divisors(world):
+        if tp > devices_per_node or any(x % tp for x in (args.n_heads, args.kv_heads, args.ffn_hidden_dim,
+                                                           args.vocab_size, base.seq_len)):
+            continue
+        for cp in divisors(world // tp):
+            if cp > 1 and (base.seq_len % (2 * cp) or base.seq_len // cp < MIN_CP_CHUNK):
+                continue
+            for pp in divisors(world // (tp * cp)):
+                if pp > args.n_layers // 2:
+                    continue
+                dp = world // (tp * cp * pp)
+                if global_seqs % dp:
+                    continue
+                for rep in [1] + [dp // s for s in HSDP_SHARD_SIZES if s < dp and dp % s == 0]:
+                    yield rep, dp // rep, cp, tp, pp
+
+
+def candidates(args: ModelArgs, base: Layout, world: int, hw: HardwareProfile) -> Iterator[Layout]:
+    """Every layout to try for ``world`` devices."""
+    global_seqs = base.local_batch_size * base.dp * base.grad_accum
+    fp8_options = (False, True) if hw.spec.peak_fp8_flops > 0 else (False,)
+    for rep, shard, cp, tp, pp in structures(args, base, world, hw.spec.devices_per_node):
+        lbs = global_seqs // (rep * shard)
+        shape = replace(base, dp_replicate=rep, dp_shard=shard, cp=cp, tp=tp, pp=pp, local_batch_size=lbs,
+                        grad_accum=1, compile=True, async_tp=tp > 1 and hw.spec.is_gpu,
+                        reshard_after_forward=pp == 1, layers_per_stage=-1)
+        for pipe in pipeline_options(shape):
+            for ac in AC_MODES:
+                for fp8 in fp8_options:
+                    yield with_stages(replace(pipe, ac_mode=ac, sac_option="op", float8=fp8), args)
+
+
+def pipeline_options(layout: Layout) -> Iterator[Layout]:
+    """Schedules x microbatch sizes: up to three sizes with at least as many microbatches as stages."""
+    if layout.pp == 1:
+        yield layout
+        return
+    sizes = [mb for mb in divisors(layout.local_batch_size) if layout.local_batch_size // mb >= layout.pp]
+    for mb in sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]}) if sizes else []:
+        for schedule in SEARCH_SCHEDULES:
+            split = schedule in SPLIT_BACKWARD and layout.impl == "meshforge"  # cannot split compiled backwards
+            yield replace(layout, schedule=schedule, microbatch_size=mb, compile=layout.compile and not split,
+                          async_tp=layout.async_tp and not split)
+
+
+def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
+    """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory)."""
+    args = get_flavor(base.flavor).with_seq_len(base.seq_len)
+    ranked: list[Estimate] = []
+    tried = 0
+    for layout in candidates(args, base, world, hw):
+        tried += 1
+        try:
+            check_layout(layout, args)
+            mem = memory(args, layout, hw)
+        except ConfigError:
+            continue
+        if mem.peak + hw.spec.runtime_gib > hw.spec.device_memory_gib(world):
+            continue
+        ranked.append(estimate(layout, hw))
+    ranked = recommendation_order(ranked)
+    baseline = None
+    if base.world_size == world:
+        try:
+            baseline = estimate(base, hw)
+        except ConfigError:
+            baseline = None
+    if not ranked:
+        raise ConfigError(f"no layout of {base.flavor} fits {world} x {hw.name} at global batch "
+                          f"{base.local_batch_size * base.dp * base.grad_accum} x seq {base.seq_len}")
+    return SearchResult(ranked, tried, baseline)
+
+
+def complexity(layout: Layout) -> int:
+    """Parallel dimensions beyond plain FSDP."""
+    return sum(d > 1 for d in (layout.tp, layout.pp, layout.cp, layout.dp_replicate))
+
+
+def recommendation_order(estimates: list[Estimate]) -> list[Estimate]:
+    """Fastest first, except that within SIMPLICITY_MARGIN of the fastest, fewer parallel dimensions come first."""
+    ranked = sorted(estimates, key=lambda e: (-e.tps_per_device, e.peak_memory_gib))
+    if not ranked:
+        return ranked
+    floor = (1 - SIMPLICITY_MARGIN) * ranked[0].tps_per_device
+    pool = [e for e in ranked if e.tps_per_device >= floor]
+    pool.sort(key=lambda e: (complexity(e.layout), -e.tps_per_device))
+    return pool + ranked[len(pool):]
+
+
+def best_by(result: SearchResult, key: str) -> list[Estimate]:
+    """The best fitting layout for each value of ``key`` ('tp', 'pp', 'schedule', 'ac_mode', ...)."""
+    seen: dict[object, Estimate] = {}
+    for est in result.ranked:
+        value = getattr(est.layout, key) if key != "schedule" or est.layout.pp > 1 else "none (PP 1)"
+        seen.setdefault(value, est)
+    return list(seen.values())

@@ -1,0 +1,107 @@
+"""`meshforge plan`: predict memory and throughput of a job at any scale, search layouts, calibrate, reproduce the article.
+
+    meshforge plan [--config F] [--section.key value ...] --world-size N --hardware NAME|FILE [--json] [--search]
+    meshforge plan --calibrate DIR/results.json --hardware cpu [--out FILE] [--json]
+    meshforge plan --article [--hardware h100-96gb] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import NoReturn
+
+from meshforge.config_io import ConfigError, load_config
+from meshforge.plan import article, calibrate, report
+from meshforge.plan.advisor import search
+from meshforge.plan.estimate import estimate
+from meshforge.plan.hardware import HardwareProfile, load_hardware, preset_names, save_profile
+from meshforge.plan.layout import IMPLEMENTATIONS, layout_from_config
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are one-line ConfigErrors (the CLI prints them and exits 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="meshforge plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="job TOML (the same file `meshforge train` takes)")
+    parser.add_argument("--world-size", type=int, help="number of devices to plan for")
+    parser.add_argument("--hardware", help=f"preset ({', '.join(preset_names())}) or a TOML profile")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--search", action="store_true", help="rank every layout that fits and explain the best")
+    parser.add_argument("--calibrate", metavar="RESULTS_JSON", help="fit --hardware's constants to a bench run")
+    parser.add_argument("--out", help="with --calibrate: where to write the fitted profile TOML")
+    parser.add_argument("--article", action="store_true", help="predicted vs published for the article's tables")
+    parser.add_argument("--impl", choices=IMPLEMENTATIONS, default="meshforge",
+                        help="whose code runs the job: meshforge (default) or torchtitan (the article's)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `meshforge plan`; user mistakes raise ConfigError (one line, exit 2)."""
+    opts, overrides = build_parser().parse_known_args(argv)
+    if opts.article:
+        return run_article(opts)
+    if not opts.hardware:
+        raise ConfigError(f"--hardware is required: a preset ({', '.join(preset_names())}) or a TOML profile")
+    hw = load_hardware(opts.hardware)
+    if opts.calibrate:
+        return run_calibrate(opts, hw)
+    if opts.world_size is None:
+        raise ConfigError("--world-size N is required (the number of devices to plan for)")
+    cfg = load_config(opts.config, overrides)
+    layout = layout_from_config(cfg, opts.world_size, impl=opts.impl)
+    if opts.search:
+        result = search(layout, opts.world_size, hw)
+        print(json.dumps(report.search_json(result), indent=2) if opts.json else report.format_search(result, hw))
+        return 0
+    est = estimate(layout, hw)
+    print(json.dumps(est.to_dict(), indent=2) if opts.json else report.format_estimate(est, hw))
+    return 0
+
+
+def run_article(opts: argparse.Namespace) -> int:
+    """The article's tables, predicted on --hardware (h100-96gb by default)."""
+    hw = load_hardware(opts.hardware or "h100-96gb")
+    rows = article.reproduce(hw)
+    if opts.json:
+        out = {"hardware": hw.name, "summary": article.summary(rows), "rows": [
+            {"table": r.case.table, "setup": r.case.name, "tps_published": r.case.tps,
+             "tps_predicted": round(r.estimate.tps_per_device, 1), "tps_error": round(r.tps_error, 4),
+             "memory_published_gib": r.case.memory_gib, "memory_predicted_gib": round(r.estimate.peak_memory_gib, 2),
+             "memory_error": round(r.memory_error, 4)} for r in rows]}
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"The article's tables on {hw.name} ({hw.spec.description}):\n")
+        print(article.format_rows(rows))
+    return 0
+
+
+def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
+    """Fit the profile to a bench results.json, save it, and report predicted vs measured before and after."""
+    path = Path(opts.calibrate)
+    obs = calibrate.read_results(path)
+    before = calibrate.compare(obs, hw)
+    fitted = calibrate.fit(obs, hw)
+    after = calibrate.compare(obs, fitted)
+    out = Path(opts.out) if opts.out else path.parent / f"hardware-{hw.name}-calibrated.toml"
+    save_profile(fitted, out)
+    if opts.json:
+        print(json.dumps({"profile": str(out), "efficiency": vars(fitted.efficiency), "runs": after,
+                          "runs_before_fit": before}, indent=2))
+        return 0
+    print(f"fitted {len(obs)} runs of {path} on {hw.name}; profile written to {out}")
+    print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in vars(fitted.efficiency).items()))
+    print("\n| run | layout | TPS measured | predicted | error | memory GiB measured | predicted | error |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for row in after:
+        mem = (f"{row['memory_measured_gib']:.3f} | {row['memory_predicted_gib']:.3f} | {row['memory_error']:+.1%}"
+               if "memory_error" in row else "- | - | -")
+        print(f"| {row['name']} | {row['layout']} | {row['tps_measured']:,.1f} | {row['tps_predicted']:,.1f} | "
+              f"{row['tps_error']:+.1%} | {mem} |")
+    return 0

@@ -1,0 +1,348 @@
+"""The planner's physics: step time and memory of one job layout on one hardware profile. Pure Python, no torch.
+
+Step time of the slowest pipeline rank = microbatches x (its blocks' forward + backward + recomputation, the head, and
+the exposed tensor/context-parallel communication) x (1 + the schedule's bubble ratio) + FSDP communication that
+compute cannot hide + pipeline sends + the optimizer step. Compute is FLOPs over achieved FLOP/s (matmuls and flash
+attention separately) plus element-wise bytes over achieved memory bandwidth; communication is alpha-beta (comm.py).
+Memory is memory.py. The constants are hardware.Efficiency's; docs/planner.md derives every formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshforge.config_io import ConfigError
+from meshforge.model.flavors import ModelArgs, flops_per_token, get_flavor
+from meshforge.plan import comm, schedules
+from meshforge.plan.hardware import HardwareProfile
+from meshforge.plan.layout import Layout, check_layout
+from meshforge.plan.memory import (
+    DTYPE_BYTES,
+    MemoryBreakdown,
+    RankParts,
+    block_modes,
+    gathered_layer_bytes,
+    linear_numel,
+    local_param_numel,
+    memory,
+    part_numel,
+    rank_parts,
+)
+
+ATTENTION_BWD_FACTOR = 2.5
+"""Flash-attention backward FLOPs over forward: it recomputes the scores (5 matmuls against 2)."""
+LOSS_TRAFFIC_PER_LOGIT = 40
+"""Bytes moved per logit by the fp32 cross-entropy forward and backward (cast, log-softmax, gradient, cast back)."""
+ROPE_TRAFFIC = {"meshforge": 48, "torchtitan": 20}
+"""Eager RoPE bytes per q/k element: meshforge rotates real pairs in fp32 (cast, four muls, two adds, stack, cast back);
+TorchTitan multiplies complex numbers (cast, one complex mul, cast back)."""
+CP_MERGE_TRAFFIC = 16
+"""Bytes per attention-output element per context-parallel step: torch's CP merges each block's output and
+log-sum-exp into the running result in fp32 (read and write both, forward; twice that backward)."""
+OPTIMIZER_TRAFFIC_PER_PARAM = 48
+"""Bytes moved per local parameter per step: AdamW (foreach, fp32: read p, g, m, v, write p, m, v, temporaries),
+gradient-norm clipping and zero_grad."""
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What one device achieves: FLOP/s for block matmuls, the bf16 output matmul and attention; bytes/s."""
+
+    matmul: float
+    head_matmul: float
+    attention: float
+    memory: float
+    nominal_peak: float
+
+
+def rates(layout: Layout, hw: HardwareProfile) -> Rates:
+    spec, eff = hw.spec, hw.efficiency
+    scale = spec.thread_scale(layout.threads_per_rank)
+    peak = spec.peak_fp32_flops if layout.param_dtype == "float32" else spec.peak_bf16_flops
+    sustained = peak * spec.clock_derate * scale
+    fp8 = eff.float8_speedup if layout.float8 and spec.peak_fp8_flops > 0 else 1.0
+    return Rates(
+        matmul=sustained * eff.matmul * fp8,
+        head_matmul=sustained * eff.matmul,
+        attention=sustained * eff.attention,
+        memory=spec.memory_bandwidth * scale * eff.memory_bandwidth,
+        nominal_peak=spec.peak_bf16_flops * scale,
+    )
+
+
+def elementwise_bytes_per_token(args: ModelArgs, layout: Layout) -> float:
+    """Forward memory traffic of one block's element-wise ops per token on one TP rank (eager op by op, or fused
+    by torch.compile into one read and one write per kernel). Counted from meshforge.model.llama's code."""
+    e = DTYPE_BYTES[layout.param_dtype]
+    d, q, kv, f = args.dim, args.n_heads * args.head_dim, args.kv_heads * args.head_dim, args.ffn_hidden_dim
+    expand = 2 * e * (kv + q) if kv < q else 0.0
+    if layout.compile:
+        traffic = 8 * e * d + e * (q + kv) + e * (q + kv) + expand / 2 + 2 * e * q + 3 * e * f
+    else:
+        norms = 2 * (4 * e + 36) * d  # x.float() twice, pow, mean, mul, type_as, * weight
+        rope = ROPE_TRAFFIC[layout.impl] * (q + kv)
+        traffic = norms + rope + expand + 2 * e * q + 6 * e * d + 5 * e * f
+        if layout.float8:  # eager Float8 casts and amax of every linear input
+            traffic += (6 * d + f) * (2 * e + 1)
+    return traffic / layout.tp
+
+
+def recompute_fractions(args: ModelArgs, layout: Layout) -> tuple[float, float, float]:
+    """Extra forward work in backward, as fractions of the forward (matmuls, attention, element-wise)."""
+    mm = attn = ew = 0.0
+    for mode, share in block_modes(args, layout).items():
+        if mode == "full":
+            mm, attn, ew = mm + share, attn + share, ew + share
+        elif mode == "op":
+            ew += share
+            if layout.impl == "torchtitan":  # every other matmul saved: wk, wo, w3 recomputed
+                d, q, kv, f = args.dim, args.n_heads * args.head_dim, args.kv_heads * args.head_dim, args.ffn_hidden_dim
+                mm += share * (kv * d + q * d + f * d) / (2 * q * d + 2 * kv * d + 3 * f * d)
+    return mm, attn, ew
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """One block, one microbatch, one device (seconds)."""
+
+    forward: float
+    backward: float
+    attention_forward: float
+    tp_comm: float
+    cp_comm: float
+
+
+def layer_times(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates) -> LayerTimes:
+    tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
+    linear = linear_numel(args, layout.tp)
+    mm = 2 * tokens * linear / r.matmul
+    attn = 2 * args.head_dim * args.n_heads / layout.tp * layout.seq_len * tokens / r.attention  # causal
+    ew = elementwise_bytes_per_token(args, layout) * tokens / r.memory
+    if layout.cp > 1:
+        ew += CP_MERGE_TRAFFIC * layout.cp * args.n_heads * args.head_dim / layout.tp * tokens / r.memory
+    rec_mm, rec_attn, rec_ew = recompute_fractions(args, layout)
+    backward = (2 + rec_mm) * mm + (ATTENTION_BWD_FACTOR + rec_attn) * attn + (2 + rec_ew) * ew
+    return LayerTimes(mm + attn + ew, backward, attn, tp_layer_comm(args, layout, hw, tokens),
+                      cp_layer_comm(args, layout, hw, tokens, attn, rec_attn))
+
+
+def tp_layer_comm(args: ModelArgs, layout: Layout, hw: HardwareProfile, tokens: float) -> float:
+    """Exposed sequence-parallel all-gathers / reduce-scatters of one block (forward, backward, recomputation)."""
+    if layout.tp == 1:
+        return 0.0
+    e = DTYPE_BYTES[layout.param_dtype]
+    link = comm.axis_link(layout, ("tp",), hw)
+    ag = comm.all_gather(tokens * args.dim * (1 if layout.float8 else e), layout.tp, link)
+    bf = comm.all_gather(tokens * args.dim * e, layout.tp, link)
+    mode_ops = {"full": 2 * ag + 2 * bf, "op": 2 * ag, "none": 0.0}
+    recompute = sum(share * mode_ops[mode] for mode, share in block_modes(args, layout).items())
+    total = 2 * ag + 2 * bf + 4 * bf + recompute
+    if layout.async_tp and layout.compile and hw.spec.is_gpu:
+        total *= 1 - hw.efficiency.async_tp_overlap
+    return total
+
+
+def cp_layer_comm(
+    args: ModelArgs, layout: Layout, hw: HardwareProfile, tokens: float, attn: float, rec_attn: float
+) -> float:
+    """Exposed K/V exchange of one block: gather K/V forward (and in recomputation), gather + reduce-scatter dK/dV
+    backward. The ring hides each step behind the previous block's attention; all-gather only behind the local one."""
+    if layout.cp == 1:
+        return 0.0
+    e = DTYPE_BYTES[layout.param_dtype]
+    kv_bytes = tokens * 2 * args.n_heads / layout.tp * args.head_dim * e * layout.cp  # repeated K/V, whole sequence
+    one = comm.all_gather(kv_bytes, layout.cp, comm.axis_link(layout, ("cp",), hw))
+    ring = layout.cp_impl == "ring" or (layout.cp_impl == "auto" and hw.spec.is_gpu)
+    hidden = (attn if ring else attn / layout.cp) if hw.spec.comm_overlaps_compute else 0.0
+    forward = max(0.0, one - hidden)
+    backward = max(0.0, 2 * one - ATTENTION_BWD_FACTOR * hidden)
+    return (1 + rec_attn) * forward + backward
+
+
+def head_time(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates, parts: RankParts) -> float:
+    """Output projection (kept in bf16 under Float8) and the fp32 loss on the last stage; embedding/norm tensor
+    parallel collectives on the first and last."""
+    tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
+    total = 0.0
+    if parts.head:
+        logits = tokens * args.vocab_size / layout.tp
+        total += 3 * 2 * logits * args.dim / r.head_matmul + logits * LOSS_TRAFFIC_PER_LOGIT / r.memory
+    if layout.tp > 1:
+        link = comm.axis_link(layout, ("tp",), hw)
+        total += 2 * (parts.head + parts.embedding) * comm.all_gather(
+            tokens * args.dim * DTYPE_BYTES[layout.param_dtype], layout.tp, link
+        )
+    return total
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """One pipeline rank: its busy time per microbatch and the pieces of it."""
+
+    busy: float
+    compute: float
+    tp: float
+    cp: float
+    layer: LayerTimes
+    parts: RankParts
+
+
+def rank_time(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates, rank: int) -> RankTime:
+    parts = rank_parts(args, layout, rank)
+    lt = layer_times(args, layout, hw, r)
+    compute = parts.layers * (lt.forward + lt.backward) + head_time(args, layout, hw, r, parts)
+    tp, cp = parts.layers * lt.tp_comm, parts.layers * lt.cp_comm
+    return RankTime(compute + tp + cp, compute, tp, cp, lt, parts)
+
+
+def fsdp_exposed(args: ModelArgs, layout: Layout, hw: HardwareProfile, rt: RankTime) -> float:
+    """FSDP all-gathers and reduce-scatters (and HSDP all-reduces) compute cannot hide, per step: per block, the
+    prefetched gather of the next block runs under this block's compute; the first gather and the last reduce do not,
+    nor do the root's (embedding, norm, output)."""
+    if layout.fsdp_size == 1 and layout.dp_replicate == 1:
+        return 0.0
+    e, r = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.reduce_dtype]
+    link = comm.axis_link(layout, ("dp_shard", "cp"), hw)
+    layer_numel = part_numel(args, "block", layout.tp, 1)
+    root_numel = root_full_numel(args, layout, rt.parts)
+    ag = comm.all_gather(gathered_layer_bytes(args, layout), layout.fsdp_size, link)
+    rs = comm.reduce_scatter(layer_numel * r, layout.fsdp_size, link)
+    root = comm.all_gather(root_numel * e, layout.fsdp_size, link) + comm.reduce_scatter(
+        root_numel * r, layout.fsdp_size, link
+    )
+    if layout.dp_replicate > 1:
+        rep = comm.axis_link(layout, ("dp_replicate",), hw)
+        rs += comm.all_reduce(layer_numel * r / layout.fsdp_size, layout.dp_replicate, rep)
+        root += comm.all_reduce(root_numel * r / layout.fsdp_size, layout.dp_replicate, rep)
+    lt, layers = rt.layer, rt.parts.layers
+    fwd, bwd = lt.forward + lt.tp_comm / 2, lt.backward + lt.tp_comm / 2
+    if not hw.spec.comm_overlaps_compute:  # CPU ranks: gloo runs on the cores compute needs
+        fwd = bwd = 0.0
+    gather = ag + (layers - 1) * max(0.0, ag - fwd)
+    if layout.pp > 1:  # gathered once per step, reduced once after the last microbatch (the stage's post-backward)
+        return gather + layers * rs + root
+    if layout.reshard_after_forward:
+        return layout.num_microbatches * (gather + layers * max(0.0, ag + rs - bwd) + rs + root)
+    return gather + layout.num_microbatches * (layers * max(0.0, rs - bwd) + rs + root)
+
+
+def root_full_numel(args: ModelArgs, layout: Layout, parts: RankParts) -> int:
+    """Elements of the TP-local embedding / final norm / output this rank gathers."""
+    total = part_numel(args, "embedding", layout.tp, 1) if parts.embedding else 0
+    return total + (part_numel(args, "head", layout.tp, 1) if parts.head else 0)
+
+
+def pp_exposed(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:
+    """Activation and gradient sends between stages, on the critical path of every microbatch."""
+    if layout.pp == 1:
+        return 0.0
+    tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
+    message = tokens * args.dim * DTYPE_BYTES[layout.param_dtype] / layout.tp
+    one = comm.p2p(message, comm.axis_link(layout, ("pp",), hw))
+    return 2 * layout.stages_per_rank * layout.num_microbatches * one
+
+
+@dataclass
+class Estimate:
+    """The prediction for one layout on one hardware profile."""
+
+    layout: Layout
+    hardware: str
+    memory: MemoryBreakdown
+    time: dict[str, float]
+    step_time: float
+    tps_per_device: float
+    mfu_pct: float
+    capacity_gib: float
+    runtime_gib: float
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def peak_memory_gib(self) -> float:
+        return self.memory.peak
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.peak + self.runtime_gib <= self.capacity_gib
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form printed by ``meshforge plan --json``."""
+        return {
+            "tps_per_device": round(self.tps_per_device, 2),
+            "peak_memory_gib": round(self.peak_memory_gib, 2),
+            "mfu_pct": round(self.mfu_pct, 2),
+            "fits": self.fits,
+            "capacity_gib": round(self.capacity_gib - self.runtime_gib, 2),
+            "step_time_s": round(self.step_time, 4),
+            "hardware": self.hardware,
+            "layout": self.layout.describe(),
+            "world_size": self.layout.world_size,
+            "breakdown": {
+                "memory_gib": {k: round(v, 3) for k, v in self.memory.as_dict().items()},
+                "memory_peak_pipeline_rank": self.memory.rank,
+                "step_time_s": {k: round(v, 5) for k, v in self.time.items()},
+            },
+            "warnings": self.warnings,
+        }
+
+
+def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
+    """Predict memory and throughput of ``layout`` on ``hw``; ConfigError if the layout cannot run the model."""
+    args = get_flavor(layout.flavor).with_seq_len(layout.seq_len)
+    check_layout(layout, args)
+    check_hardware(layout, hw)
+    r = rates(layout, hw)
+    ranks = sorted({0, layout.pp - 1} | set(range(min(layout.pp, 4))))
+    slowest = max((rank_time(args, layout, hw, r, k) for k in ranks), key=lambda t: t.busy)
+    m = layout.num_microbatches
+    # CPU ranks sharing too few cores compute in lock-step at a fraction of the speed, but a pipeline rank idling
+    # in the bubble leaves its core to the others (over = 1 on GPUs)
+    over = hw.spec.oversubscription(layout.world_size, layout.threads_per_rank)
+    bubble = schedules.bubble_ratio(layout) * m * slowest.busy
+    bubble = max(0.0, bubble - (over - 1) * m * slowest.compute)
+    numel = local_param_numel(args, layout, slowest.parts)
+    times = {
+        "compute": m * slowest.compute * over,
+        "exposed_tp_comm": m * slowest.tp,
+        "exposed_cp_comm": m * slowest.cp,
+        "exposed_fsdp_comm": fsdp_exposed(args, layout, hw, slowest),
+        "exposed_pp_comm": pp_exposed(args, layout, hw),
+        "pipeline_bubble": bubble,
+        "optimizer": numel * OPTIMIZER_TRAFFIC_PER_PARAM / r.memory * over,
+    }
+    step = sum(times.values())
+    tps = layout.tokens_per_device_step / step
+    spec = hw.spec
+    return Estimate(
+        layout=layout,
+        hardware=hw.name,
+        memory=memory(args, layout, hw),
+        time=times,
+        step_time=step,
+        tps_per_device=tps,
+        mfu_pct=100 * tps * flops_per_token(args, layout.seq_len) / r.nominal_peak,
+        capacity_gib=spec.device_memory_gib(layout.world_size),
+        runtime_gib=spec.runtime_gib,
+        warnings=layout_warnings(layout, hw),
+    )
+
+
+def check_hardware(layout: Layout, hw: HardwareProfile) -> None:
+    """What meshforge refuses on this kind of device (CUDA-only features on a CPU profile)."""
+    if hw.spec.is_gpu:
+        return
+    if layout.async_tp and layout.tp > 1:
+        raise ConfigError(f"async tensor parallel needs CUDA symmetric memory; {hw.name} has none")
+    if layout.cp > 1 and layout.cp_impl == "ring":
+        raise ConfigError(f"context_parallel_impl = 'ring' needs CUDA; use 'allgather' or 'auto' on {hw.name}")
+
+
+def layout_warnings(layout: Layout, hw: HardwareProfile) -> list[str]:
+    """Options that have no effect on this hardware, said once each."""
+    out = []
+    if layout.float8 and hw.spec.peak_fp8_flops == 0:
+        out.append(f"Float8 has no fp8 tensor cores to use on {hw.name}: no speedup modelled")
+    if layout.async_tp and layout.tp > 1 and not layout.compile:
+        out.append("async TP needs compile.enable: modelled as plain TP")
+    return out

@@ -1,0 +1,101 @@
+"""Exact per-rank parameter memory: the real model on the meta device, sharded for rank 0 with a fake process group.
+
+``exact_param_numel`` runs a fresh Python process (so the fake process group never touches the caller) that builds
+``meshforge.model.llama`` on the meta device, applies ``meshforge.parallel``'s tensor parallel and FSDP2 to an
+N-way ``init_device_mesh("cpu", ...)`` over ``FakeStore``, and sums rank 0's local shards. No device memory is used.
+Pipeline parallel is not covered here (memory.py handles stages analytically).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from meshforge.config_io import ConfigError
+from meshforge.model.flavors import get_flavor
+from meshforge.plan.layout import Layout
+from meshforge.plan.memory import local_param_numel, rank_parts
+
+
+@dataclass(frozen=True)
+class ExactCase:
+    """A data-parallel x tensor-parallel sharding of one flavor."""
+
+    flavor: str
+    dp_shard: int
+    tp: int
+
+    def spec(self) -> str:
+        return f"{self.flavor}:{self.dp_shard}:{self.tp}"
+
+
+def analytical_param_numel(case: ExactCase) -> int:
+    """memory.py's figure for the same sharding (what the planner uses)."""
+    args = get_flavor(case.flavor)
+    layout = Layout(flavor=case.flavor, seq_len=args.max_seq_len, local_batch_size=1, dp_shard=case.dp_shard,
+                    tp=case.tp)
+    return local_param_numel(args, layout, rank_parts(args, layout, 0))
+
+
+def exact_param_numel(cases: list[ExactCase], timeout_s: float = 180.0) -> list[int]:
+    """Rank 0's parameter elements for each case, measured on the real sharded model in one subprocess."""
+    cmd = [sys.executable, "-m", "meshforge.plan.exact", *(c.spec() for c in cases)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ConfigError(f"exact parameter count failed: {tail[0]}")
+    return [int(n) for n in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+def _shard_rank0(case: ExactCase) -> int:
+    """In this process: build, shard, count (runs in the subprocess only)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from meshforge.model.llama import build_model
+
+    world = case.dp_shard * case.tp
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (case.dp_shard, case.tp), mesh_dim_names=("dp_shard", "tp"))
+        model = build_model(get_flavor(case.flavor))
+        if case.tp > 1:
+            _apply_tp(model, mesh["tp"])
+        if case.dp_shard > 1:
+            _apply_fsdp(model, mesh["dp_shard"])
+        return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+def _apply_tp(model: object, tp_mesh: object) -> None:
+    from meshforge.parallel.tensor_parallel import apply_tp
+
+    apply_tp(model, tp_mesh, sequence_parallel=True, loss_parallel=True, float8=False, async_tp=False)  # type: ignore[arg-type]
+
+
+def _apply_fsdp(model: object, dp_mesh: object) -> None:
+    from meshforge.parallel.fsdp import apply_fsdp
+
+    apply_fsdp(model, dp_mesh, param_dtype="bfloat16", reduce_dtype="float32", reshard_after_forward=True)  # type: ignore[arg-type]
+
+
+def _main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="rank 0's parameter elements under FSDP x TP (fake process group)")
+    parser.add_argument("cases", nargs="+", help="flavor:dp_shard:tp")
+    specs = parser.parse_args(argv).cases
+    counts = []
+    for spec in specs:
+        flavor, dp, tp = spec.split(":")
+        counts.append(_shard_rank0(ExactCase(flavor, int(dp), int(tp))))
+    print(json.dumps(counts))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

@@ -1,0 +1,264 @@
+"""Memory per device: sharded parameter/gradient/optimizer bytes, activation bytes per AC mode, buffers. Pure Python.
+
+Parameters are counted shape by shape with the real sharding rules, so the analytical figure equals what FSDP2 +
+tensor parallel allocate on rank 0 (tests/unit/test_plan_exact.py checks this against a fake process group):
+TP shards wq/wk/wv/w1/w3/output on dim 0 (colwise), wo/w2 on dim 1 (rowwise), the embedding on dim 0 (vocab);
+FSDP2 then chunks each TP-local tensor on dim 0 over dp_shard x cp ranks, rank 0 holding ceil(rows / n) rows.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from meshforge.model.flavors import ModelArgs
+from meshforge.plan import schedules
+from meshforge.plan.hardware import GIB, HardwareProfile
+from meshforge.plan.layout import Layout, stage_layer_counts, stages_of_rank
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+STATE_BYTES = {"params": 4, "grads": 4, "optimizer": 8}
+"""fp32 master weights, fp32 sharded gradients, AdamW exp_avg + exp_avg_sq (FSDP2 keeps the model in fp32)."""
+LOSS_BYTES_PER_LOGIT = 12
+"""Cross-entropy on .float() logits (one fused log-softmax): fp32 output saved (4) + its gradient (4) + the input's (4)."""
+LOSS_PARALLEL_BYTES_PER_LOGIT = 16
+"""Vocab-parallel cross-entropy (torch loss_parallel, decomposed into DTensor ops): five live fp32 temporaries at the
+backward's peak (saved output, incoming gradient, exp(output), its product with the sum, the result)."""
+NORM_EAGER_BYTES = 8
+"""Eager RMSNorm saves two fp32 copies of its input (x.float() twice) per hidden element."""
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter: its shape and the dim tensor parallel shards (None: replicated)."""
+
+    name: str
+    shape: tuple[int, ...]
+    tp_dim: int | None
+
+
+@functools.lru_cache(maxsize=64)
+def block_params(args: ModelArgs) -> tuple[ParamSpec, ...]:
+    """The parameters of one transformer block, as meshforge.model.llama builds them."""
+    d, q, kv, f = args.dim, args.n_heads * args.head_dim, args.kv_heads * args.head_dim, args.ffn_hidden_dim
+    return (
+        ParamSpec("attention_norm.weight", (d,), None),
+        ParamSpec("attention.wq.weight", (q, d), 0),
+        ParamSpec("attention.wk.weight", (kv, d), 0),
+        ParamSpec("attention.wv.weight", (kv, d), 0),
+        ParamSpec("attention.wo.weight", (d, q), 1),
+        ParamSpec("ffn_norm.weight", (d,), None),
+        ParamSpec("feed_forward.w1.weight", (f, d), 0),
+        ParamSpec("feed_forward.w2.weight", (d, f), 1),
+        ParamSpec("feed_forward.w3.weight", (f, d), 0),
+    )
+
+
+def embedding_params(args: ModelArgs) -> tuple[ParamSpec, ...]:
+    return (ParamSpec("tok_embeddings.weight", (args.vocab_size, args.dim), 0),)
+
+
+def head_params(args: ModelArgs) -> tuple[ParamSpec, ...]:
+    return (ParamSpec("norm.weight", (args.dim,), None), ParamSpec("output.weight", (args.vocab_size, args.dim), 0))
+
+
+@functools.lru_cache(maxsize=4096)
+def part_numel(args: ModelArgs, part: str, tp: int, fsdp: int) -> int:
+    """Rank 0's elements of one block / the embedding / the head (norm + output) under TP x FSDP."""
+    specs = {"block": block_params, "embedding": embedding_params, "head": head_params}[part](args)
+    return sum(shard_numel(p, tp, fsdp) for p in specs)
+
+
+def shard_numel(spec: ParamSpec, tp: int, fsdp: int) -> int:
+    """Elements rank 0 holds: the TP-local tensor, chunked on dim 0 over the FSDP ranks (rank 0: ceil(rows / n))."""
+    shape = list(spec.shape)
+    if tp > 1 and spec.tp_dim is not None:
+        shape[spec.tp_dim] //= tp
+    rows = -(-shape[0] // fsdp)
+    rest = 1
+    for size in shape[1:]:
+        rest *= size
+    return rows * rest
+
+
+def full_numel(spec: ParamSpec, tp: int) -> int:
+    """Elements of the TP-local tensor (what an FSDP all-gather materialises)."""
+    return shard_numel(spec, tp, 1)
+
+
+@dataclass(frozen=True)
+class RankParts:
+    """What one pipeline rank holds: blocks, and whether the embedding / the head are on it."""
+
+    layers: int
+    embedding: bool
+    head: bool
+    stage_layers: tuple[int, ...]
+
+
+def rank_parts(args: ModelArgs, layout: Layout, rank: int) -> RankParts:
+    counts = stage_layer_counts(args.n_layers, layout) if layout.pp > 1 else [args.n_layers]
+    stages = stages_of_rank(layout, rank) if layout.pp > 1 else [0]
+    last = len(counts) - 1
+    return RankParts(sum(counts[s] for s in stages), 0 in stages, last in stages, tuple(counts[s] for s in stages))
+
+
+def local_param_numel(args: ModelArgs, layout: Layout, parts: RankParts) -> int:
+    """Parameter elements rank 0 of the FSDP x TP grid holds for these parts (the optimizer's share)."""
+    tp, fsdp = layout.tp, layout.fsdp_size
+    total = parts.layers * part_numel(args, "block", tp, fsdp)
+    if parts.embedding:
+        total += part_numel(args, "embedding", tp, fsdp)
+    if parts.head:
+        total += part_numel(args, "head", tp, fsdp)
+    return total
+
+
+def gathered_layer_bytes(args: ModelArgs, layout: Layout) -> float:
+    """Bytes of one block's all-gathered (TP-local) weights in the compute dtype (Float8 all-gather: 1 byte)."""
+    e = DTYPE_BYTES[layout.param_dtype]
+    linear = linear_numel(args, layout.tp)
+    fp8 = layout.float8 and layout.float8_all_gather
+    return linear * (1 if fp8 else e) + (part_numel(args, "block", layout.tp, 1) - linear) * e
+
+
+@functools.lru_cache(maxsize=1024)
+def linear_numel(args: ModelArgs, tp: int) -> int:
+    """Elements of one block's TP-local linear weights (the matmul parameters)."""
+    return sum(full_numel(p, tp) for p in block_params(args) if p.tp_dim is not None)
+
+
+def activation_bytes_per_token(args: ModelArgs, layout: Layout, mode: str) -> float:
+    """Bytes one block keeps per token of the microbatch until its backward (mode: none/full/op), on one TP rank.
+
+    Under tensor parallel with sequence parallel, everything is sharded by TP except the all-gathered inputs of the
+    column-parallel matmuls and the pre-reduce-scatter outputs of the row-parallel ones, which are full-length.
+    """
+    e, tp = DTYPE_BYTES[layout.param_dtype], layout.tp
+    d, q, kv, f, heads = args.dim, args.n_heads * args.head_dim, args.kv_heads * args.head_dim, args.ffn_hidden_dim, args.n_heads
+    kv_sdpa = q if kv < q else kv  # meshforge repeats K/V to all heads before SDPA
+    gathered = 2 * e * d if tp > 1 else 0.0  # AG'd norm outputs (attention, FFN) kept for the matmuls' backward
+    if mode == "full":
+        return e * d / tp
+    if mode == "op":
+        if layout.impl == "meshforge":
+            sharded = e * (q + 2 * kv + 2 * f) + e * q + 4 * heads  # wq wk wv w1 w3 outputs, SDPA out + logsumexp
+            rowwise = 2  # wo, w2 outputs
+        else:  # TorchTitan: every other matmul (wq, wv, w1, w2) + SDPA
+            sharded = e * (q + kv + f) + e * q + 4 * heads
+            rowwise = 1
+        sharded += e * d  # the checkpointed block input
+        if tp > 1:  # row-parallel outputs are full-length before their (saved) reduce-scatter
+            return sharded / tp + rowwise * e * d * (1 + 1 / tp)
+        return sharded + rowwise * e * d
+    if layout.compile:
+        sharded = 4 * e * d + e * (q + 2 * kv_sdpa) + 2 * e * q + 4 * heads + 2 * e * f
+    else:
+        sharded = 2 * (NORM_EAGER_BYTES + e) * d + e * (q + 2 * kv_sdpa) + 2 * e * q + 4 * heads + 4 * e * f
+    return sharded / tp + gathered
+
+
+def block_modes(args: ModelArgs, layout: Layout) -> dict[str, float]:
+    """Fraction of blocks under each checkpoint mode: none / full / op (selective N = every N-th block full)."""
+    if layout.ac_mode == "full":
+        return {"full": 1.0}
+    if layout.ac_mode == "none":
+        return {"none": 1.0}
+    if layout.sac_option == "op":
+        return {"op": 1.0}
+    every = int(layout.sac_option)
+    full = -(-args.n_layers // every) / args.n_layers
+    return {"full": full, "none": 1.0 - full}
+
+
+def saved_bytes_per_token(args: ModelArgs, layout: Layout) -> float:
+    """Average bytes per block per token kept until backward, over the AC modes of the blocks."""
+    return sum(share * activation_bytes_per_token(args, layout, mode) for mode, share in block_modes(args, layout).items())
+
+
+def transient_bytes_per_token(args: ModelArgs, layout: Layout) -> float:
+    """Working set of one block's backward per token: its recomputed activations plus activation gradients."""
+    e, tp = DTYPE_BYTES[layout.param_dtype], layout.tp
+    grads = e * (2 * args.dim + 2 * args.ffn_hidden_dim) / tp
+    recompute = 0.0 if layout.ac_mode == "none" else activation_bytes_per_token(args, layout, "none")
+    if layout.cp > 1:  # the gathered K/V of the whole sequence
+        recompute += 2 * e * args.n_heads * args.head_dim / tp * layout.cp
+    return recompute + grads
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak memory of the most loaded pipeline rank, by part (GiB)."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    comm_buffers: float
+    allocator: float
+    framework: float
+    rank: int
+
+    @property
+    def peak(self) -> float:
+        return (self.parameters + self.gradients + self.optimizer + self.activations + self.comm_buffers
+                + self.allocator + self.framework)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer_state": self.optimizer,
+                "activations": self.activations, "communication_buffers": self.comm_buffers,
+                "allocator_slack": self.allocator, "framework_overhead": self.framework}
+
+
+def memory(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> MemoryBreakdown:
+    """The peak over the pipeline ranks (first and last stages hold the embedding and the loss)."""
+    ranks = {0, layout.pp - 1}
+    return max((rank_memory(args, layout, hw, r) for r in ranks), key=lambda m: m.peak)
+
+
+def rank_memory(args: ModelArgs, layout: Layout, hw: HardwareProfile, rank: int) -> MemoryBreakdown:
+    """Peak memory of one pipeline rank."""
+    parts = rank_parts(args, layout, rank)
+    numel = local_param_numel(args, layout, parts)
+    tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
+    per_layer = saved_bytes_per_token(args, layout) * tokens
+    mean_stage = parts.layers / max(1, len(parts.stage_layers))
+    saved = schedules.in_flight(layout, rank) * mean_stage * per_layer
+    transient = transient_bytes_per_token(args, layout) * tokens
+    per_logit = LOSS_PARALLEL_BYTES_PER_LOGIT if layout.tp > 1 else LOSS_BYTES_PER_LOGIT
+    loss = per_logit * tokens * args.vocab_size / layout.tp if parts.head else 0.0
+    activations = saved + max(transient, loss)
+    buffers = comm_buffer_bytes(args, layout, parts, tokens)
+    allocated = numel * sum(STATE_BYTES.values()) + activations + buffers
+    eff = hw.efficiency
+    return MemoryBreakdown(
+        parameters=numel * STATE_BYTES["params"] / GIB,
+        gradients=numel * STATE_BYTES["grads"] / GIB,
+        optimizer=numel * STATE_BYTES["optimizer"] / GIB,
+        activations=activations / GIB,
+        comm_buffers=buffers / GIB,
+        allocator=allocated * eff.allocator_overhead / GIB,
+        framework=eff.framework_gib,
+        rank=rank,
+    )
+
+
+def comm_buffer_bytes(args: ModelArgs, layout: Layout, parts: RankParts, tokens: float) -> float:
+    """All-gathered weights, unsharded gradients awaiting reduce-scatter, pipeline send/receive buffers."""
+    e, r = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.reduce_dtype]
+    sharded = layout.fsdp_size > 1 or layout.dp_replicate > 1
+    layer_numel = part_numel(args, "block", layout.tp, 1)
+    root_numel = part_numel(args, "embedding", layout.tp, 1) * parts.embedding
+    root_numel += part_numel(args, "head", layout.tp, 1) * parts.head
+    total = 0.0
+    if sharded:
+        keep_all = not layout.reshard_after_forward
+        gathered_layers = parts.layers if keep_all else min(2, parts.layers)
+        total += gathered_layers * gathered_layer_bytes(args, layout) + root_numel * e
+        if layout.pp > 1:  # microbatch gradients accumulate unsharded in the reduce dtype until the last one
+            total += (parts.layers * layer_numel + root_numel) * r
+        else:
+            total += 2 * layer_numel * (e + r) + root_numel * e
+    if layout.pp > 1:
+        total += 2 * len(parts.stage_layers) * tokens * args.dim * e / layout.tp
+    return total

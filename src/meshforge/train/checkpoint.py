@@ -1,0 +1,314 @@
+"""Save and resume the whole training state with torch.distributed.checkpoint (DCP), in any parallel layout.
+
+A checkpoint holds tensors only, under the full model's parameter names, so any layout can load it (DCP reshards):
+
+    model.<fqn>                        parameters (DTensor shards are written by their owners)
+    optimizer.state.<fqn>.<name>       optimizer state (Adam moments, step counts), flattened per parameter
+    train.step / train.lr_step         the optimizer step and the lr scheduler position
+    train.data.<key>                   the data loader's *global* position (it reshards across data-parallel degrees)
+    rng.rank<R>.cpu / .cuda            each rank's generator states (restored when the world size is unchanged)
+
+Model-only checkpoints (the seed at step 0, the final export) hold only ``model.*``. Optimizer hyper-parameters (lr,
+betas, eps, weight decay) come from the config on resume; the lr follows the schedule from the saved position.
+The on-disk format, the atomic commit and the integrity checks live in `meshforge.train.checkpoint_store`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from meshforge.config import Checkpoint
+from meshforge.train import checkpoint_store as store
+
+if TYPE_CHECKING:
+    from meshforge.train.loop import TrainState
+
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def model_view(parts: list[nn.Module]) -> nn.Module:
+    """One module with the full model's parameter names over this rank's model parts: the part itself, or (several
+    pipeline stages on one rank) a container sharing their submodules. Stage FQNs equal the full model's."""
+    if len(parts) == 1:
+        return parts[0]
+    assert not any(part._parameters for part in parts), "model parts must not own parameters directly"
+    view = nn.Module()
+    names = dict.fromkeys(name for part in parts for name, _ in part.named_children())
+    for name in names:
+        children = [child for part in parts if (child := part._modules.get(name)) is not None]
+        view.add_module(name, model_view(children))
+    return view
+
+
+def flat_shapes(state_dict: dict[str, Any], prefix: str = "") -> dict[str, tuple[int, ...]]:
+    """DCP's flattened keys of a nested state dict -> global tensor shapes."""
+    out: dict[str, tuple[int, ...]] = {}
+    for key, value in state_dict.items():
+        if isinstance(value, dict):
+            out.update(flat_shapes(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = tuple(value.shape)
+    return out
+
+
+class Checkpointer:
+    """Saves every ``interval`` steps and at the last step; at start-up resumes from the latest complete checkpoint
+    (or ``load_step``), else loads ``initial_load_path``. ``load``, ``save`` and ``close`` are collective."""
+
+    def __init__(
+        self,
+        cfg: Checkpoint,
+        *,
+        dump_folder: str,
+        total_steps: int,
+        info: dict[str, Any],
+        device: torch.device,
+        timeout_s: int,
+        console: bool,
+    ) -> None:
+        self.cfg, self.total_steps, self.info, self.device, self.console = cfg, total_steps, info, device, console
+        self.folder = Path(dump_folder) / cfg.folder
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self._validate()
+        # checkpoint collectives get their own gloo group: async saves run them in a background thread, and writes
+        # of a large model may outlast the training collectives' timeout
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.group = dist.new_group(backend="gloo", timeout=timeout) if dist.is_initialized() else None
+        self.executor: ThreadPoolExecutor | None = None
+        self.stager: Any = None
+        if cfg.async_mode != "disabled":
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            pinned = cfg.async_mode == "async_with_pinned_mem"
+            self.stager = DefaultStager(StagingOptions(pinned, False, False, pinned))
+            self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshforge-checkpoint")
+        self.pending: Future[None] | None = None
+
+    def _validate(self) -> None:
+        cfg = self.cfg
+        if cfg.async_mode == "async_with_pinned_mem" and self.device.type != "cuda":
+            raise ValueError(
+                "checkpoint.async_mode = 'async_with_pinned_mem' needs CUDA (pinned host memory for device copies); "
+                f"this run is on {self.device.type}: use 'async'"
+            )
+        if cfg.create_seed_checkpoint and self.world_size > 1:
+            raise ValueError(
+                f"checkpoint.create_seed_checkpoint runs on one process (this run has {self.world_size}); "
+                "any layout can then load the seed"
+            )
+        if cfg.load_step >= 0 and not cfg.enable:
+            raise ValueError(f"checkpoint.load_step = {cfg.load_step} needs checkpoint.enable = true")
+
+    # -- saving ----------------------------------------------------------------------------------------------------
+
+    def maybe_save(self, state: TrainState, force: bool = False) -> None:
+        """Save after a step when it is due: every ``interval`` steps, at the last step (model only with
+        ``last_save_model_only``, in ``export_dtype``), or when ``force``."""
+        if not self.cfg.enable:
+            return
+        last = state.step >= self.total_steps
+        if force or last or state.step % self.cfg.interval == 0:
+            self.save(state, model_only=last and self.cfg.last_save_model_only, export=last)
+
+    def save(self, state: TrainState, *, model_only: bool = False, export: bool = False) -> None:
+        """Write ``<folder>/step-<state.step>`` (in the background in async mode: staged copies, then a thread)."""
+        self.wait()
+        state_dict = self.state_dict(state, model_only=model_only)
+        dtype = self.cfg.export_dtype if model_only and export else "float32"
+        if dtype != "float32":
+            state_dict["model"] = {k: v.to(DTYPES[dtype]) for k, v in state_dict["model"].items()}
+        meta = {"step": state.step, "model_only": model_only, "dtype": dtype, "world_size": self.world_size}
+        meta.update(self.info)
+        if self.executor is None:
+            self._write(state_dict, state.step, meta)
+        else:
+            staged = self.stager.stage(state_dict)
+            self.pending = self.executor.submit(self._write, staged, state.step, meta)
+
+    def _write(self, state_dict: dict[str, Any], step: int, meta: dict[str, Any]) -> None:
+        start = time.perf_counter()
+        final = store.write_checkpoint(state_dict, self.folder, step, meta, self.group)
+        if self.rank == 0:
+            pruned = store.prune(self.folder, self.cfg.keep_latest_k)
+            size = sum(f.stat().st_size for f in final.iterdir()) / 2**20
+            extra = f", removed step {', '.join(map(str, pruned))}" if pruned else ""
+            self._say(f"saved {final} ({size:.1f} MiB, {time.perf_counter() - start:.2f}s){extra}")
+
+    def wait(self) -> None:
+        """Block until the background save (if any) is committed; re-raises its error."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def close(self) -> None:
+        """Finish the last background save and release the stager and thread."""
+        self.wait()
+        if self.executor is not None:
+            self.executor.shutdown()
+            self.stager.close()
+            self.executor = None
+
+    def state_dict(
+        self, state: TrainState, *, model_only: bool, rng: bool = True, view: nn.Module | None = None
+    ) -> dict[str, Any]:
+        """The nested state dict DCP saves or loads in place (tensors only)."""
+        view = view or model_view(state.model_parts)
+        out: dict[str, Any] = {"model": get_model_state_dict(view)}
+        if model_only:
+            return out
+        optim = get_optimizer_state_dict(view, state.optimizer, options=FLAT)
+        out["optimizer"] = {k: v for k, v in optim.items() if k.startswith("state.")}
+        train = {"step": state.step, "lr_step": state.scheduler.last_epoch}
+        train.update({f"data.{k}": v for k, v in state.loader.state_dict().items()})
+        out["train"] = {k: torch.tensor(v, dtype=torch.int64) for k, v in train.items()}
+        if rng:
+            generators = {"cpu": torch.get_rng_state()}
+            if self.device.type == "cuda":
+                generators["cuda"] = torch.cuda.get_rng_state(self.device)
+            out["rng"] = {f"rank{self.rank}": generators}
+        return out
+
+    # -- loading ---------------------------------------------------------------------------------------------------
+
+    def load(self, state: TrainState) -> None:
+        """Resume from the latest complete checkpoint (or ``load_step``); without one, load the weights of
+        ``initial_load_path``. Removes checkpoints left incomplete by a crash."""
+        if self.cfg.create_seed_checkpoint:
+            return
+        step = self._resume_step()
+        if step >= 0:
+            self._load(state, store.step_dir(self.folder, step), weights_only=False)
+        elif self.cfg.initial_load_path:
+            self._load_initial(state, Path(self.cfg.initial_load_path))
+
+    def _resume_step(self) -> int:
+        if not self.cfg.enable:
+            return -1
+        if self.rank == 0:
+            for path in store.remove_incomplete(self.folder):
+                self._say(f"removed incomplete checkpoint {path}")
+        self._barrier()
+        steps = store.complete_steps(self.folder)
+        if self.cfg.load_step >= 0:
+            if self.cfg.load_step not in steps:
+                raise ValueError(
+                    f"checkpoint.load_step = {self.cfg.load_step}: {self.folder} has no complete "
+                    f"step-{self.cfg.load_step} (complete steps: {steps or 'none'})"
+                )
+            return self.cfg.load_step
+        return steps[-1] if steps else -1
+
+    def _load_initial(self, state: TrainState, path: Path) -> None:
+        from meshforge.train import hf_interop
+
+        if not path.exists():
+            raise ValueError(f"checkpoint.initial_load_path = {str(path)!r} does not exist")
+        if hf_interop.is_hf_checkpoint(path):
+            hf_interop.load_hf_weights(state.model_parts, path, state.model_args)
+            self._say(f"loaded Hugging Face weights from {path}")
+            return
+        if not (path / ".metadata").exists() and (steps := store.complete_steps(path)):
+            path = store.step_dir(path, steps[-1])
+        self._load(state, path, weights_only=True)
+
+    def _load(self, state: TrainState, path: Path, *, weights_only: bool) -> None:
+        """Verify, check keys and shapes, then load ``path`` into the state (model only when weights_only or the
+        checkpoint holds only weights)."""
+        start = time.perf_counter()
+        manifest = store.read_manifest(path)
+        model_only = weights_only or bool(manifest and manifest.get("model_only"))
+        step = int(manifest["step"]) if manifest else 0
+        if model_only and not weights_only and 0 < step < self.total_steps:
+            raise ValueError(
+                f"checkpoint {path} holds only model weights (checkpoint.last_save_model_only): it cannot resume "
+                f"training to step {self.total_steps}; set checkpoint.load_step to a full checkpoint, or start a new "
+                "run from these weights with checkpoint.initial_load_path"
+            )
+        if manifest:
+            problems = [
+                p for part in self._gather(store.verify_files(path, manifest, self.rank, self.world_size)) for p in part
+            ]
+            if problems:
+                raise ValueError(
+                    f"checkpoint damaged: {problems[0]}{self._more(problems)}; delete {path} to resume "
+                    "from an earlier checkpoint (or set checkpoint.load_step)"
+                )
+        saved = store.saved_shapes(store.read_metadata(path))
+        same_world = manifest is not None and manifest.get("world_size") == self.world_size
+        rng = same_world and f"rng.rank{self.rank}.cpu" in saved
+        view = model_view(state.model_parts)
+        state_dict = self.state_dict(state, model_only=model_only, rng=rng, view=view)
+        wanted = {k: v for part in self._gather(flat_shapes(state_dict)) for k, v in part.items()}
+        store.check_keys(path, wanted, saved)
+        with store.single_process_quiet():
+            dcp.load(state_dict, storage_reader=store.SafeReader(path), process_group=self.group)
+        self._apply(state, state_dict, view)
+        if model_only and not weights_only:
+            state.step = step
+        what = "weights" if model_only else f"step {state.step}"
+        self._say(f"loaded {what} from {path} in {time.perf_counter() - start:.2f}s")
+
+    def _apply(self, state: TrainState, state_dict: dict[str, Any], view: nn.Module) -> None:
+        set_model_state_dict(view, state_dict["model"])
+        if "optimizer" not in state_dict:
+            return
+        groups = {
+            k: v
+            for k, v in get_optimizer_state_dict(view, state.optimizer, options=FLAT).items()
+            if not k.startswith("state.")
+        }
+        set_optimizer_state_dict(view, state.optimizer, {**groups, **state_dict["optimizer"]}, options=FLAT)
+        train = {k: int(v) for k, v in state_dict["train"].items()}
+        state.step = train["step"]
+        state.loader.load_state_dict({k.removeprefix("data."): v for k, v in train.items() if k.startswith("data.")})
+        # the scheduler's own step computes the lr at the saved position (bitwise what an uninterrupted run has)
+        scheduler = state.scheduler
+        position = {"last_epoch": train["lr_step"] - 1, "_step_count": train["lr_step"] + 1}
+        scheduler.load_state_dict({**scheduler.state_dict(), **position})
+        scheduler.step()
+        generators = state_dict.get("rng", {}).get(f"rank{self.rank}")
+        if generators is not None:
+            torch.set_rng_state(generators["cpu"])
+            if "cuda" in generators:
+                torch.cuda.set_rng_state(generators["cuda"], self.device)
+        else:
+            self._say("generator states not restored (the world size changed); they reseed from training.seed")
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if self.group is None:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _barrier(self) -> None:
+        if self.group is not None:
+            dist.barrier(group=self.group)
+
+    @staticmethod
+    def _more(items: list[str]) -> str:
+        return f" (and {len(items) - 1} more problems)" if len(items) > 1 else ""
+
+    def _say(self, message: str) -> None:
+        if self.console:
+            print(f"checkpoint: {message}", flush=True)

@@ -1,0 +1,217 @@
+"""Hang diagnosis: when a collective times out, every rank writes what it was doing, then the job exits.
+
+How it works. torch's flight recorder (enabled by ``enable_flight_recorder`` before the process group exists) keeps the
+last collectives each rank issued on every group, with their Python call sites, for gloo and NCCL alike. A rank whose
+collective fails (gloo raises on timeout; its peers then see "connection closed") leaves the training loop with the
+exception; ``HangGuard`` catches it, writes ``<dump_folder>/hang/rank_R.txt`` and raises a flag in the job's rendezvous
+store. A watchdog thread on every rank polls that flag: a rank that is stuck elsewhere (computing, sleeping, waiting in
+another collective) writes its own file from the thread. Each file holds the reason, the training step, the recent
+collectives (newest last) and the Python stack of every thread. Each rank then waits (bounded) until every rank has
+written, rank 0 prints where the files are, and all exit with ``HANG_EXIT_CODE``.
+
+On CUDA, NCCL's watchdog may tear the process down before Python sees an error; NCCL's own flight-recorder dump on
+timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``, files ``<dump_folder>/hang/nccl_trace_rank_R``) covers that case. See
+docs/observability.md for reading both.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+HANG_EXIT_CODE = 3
+FLIGHT_RECORDER_ENTRIES = 2000
+RECENT_COLLECTIVES = 24
+POLL_SECONDS = 0.5
+PEER_GRACE_SECONDS = 20.0
+# gloo's words for a collective that timed out or lost its peer (it raises a plain RuntimeError)
+FAILURE_MARKERS = ("Timed out", "timed out", "Connection closed by peer", "pair closure", "Connection reset", "NCCL")
+
+
+def enable_flight_recorder(dump_folder: str) -> None:
+    """Turn on torch's flight recorder (must run before the process group is created); values already in the
+    environment win. On CUDA also ask NCCL's watchdog to dump it into ``<dump_folder>/hang/`` on a timeout."""
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", os.environ["TORCH_FR_BUFFER_SIZE"])
+    if torch.cuda.is_available():
+        folder = Path(dump_folder).absolute() / "hang"
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(folder / "nccl_trace_rank_"))
+
+
+def is_collective_failure(exc: BaseException | None) -> bool:
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in FAILURE_MARKERS)
+
+
+def recent_collectives(limit: int = RECENT_COLLECTIVES) -> list[str]:
+    """The flight recorder's last ``limit`` entries on this rank, one line each (newest last)."""
+    from torch._C import _distributed_c10d as c10d
+
+    dump = getattr(c10d, "_dump_nccl_trace", None) if dist.get_backend() == "nccl" else None
+    dump = dump or getattr(c10d, "_dump_fr_trace", None)
+    if dump is None:
+        return ["(this torch build has no flight recorder)"]
+    entries = pickle.loads(dump(True, True, False)).get("entries", [])
+    if not entries:
+        return ["(none recorded: TORCH_FR_BUFFER_SIZE was 0 when the process group started)"]
+    now = time.time_ns()
+    return [format_entry(e, now) for e in entries[-limit:]]
+
+
+def format_entry(entry: dict[str, Any], now_ns: int) -> str:
+    group = entry.get("process_group", ("?", "?"))
+    age = (now_ns - int(entry.get("time_created_ns", now_ns))) / 1e9
+    frames = entry.get("frames", [])
+    site = next((f for f in frames if "/torch/" not in f["filename"]), frames[0] if frames else None)
+    where = f"{site['name']} ({site['filename']}:{site['line']})" if site else "?"
+    return (
+        f"seq {entry.get('collective_seq_id', '?'):>5}  group {group[0]} ({group[1]})  {entry.get('profiling_name')}  "
+        f"in {entry.get('input_sizes')} {entry.get('input_dtypes')}  state {entry.get('state')}  "
+        f"timeout {entry.get('timeout_ms', 0) / 1000:.0f}s  issued {age:.1f}s ago from {where}"
+    )
+
+
+def thread_stacks(skip: int | None = None) -> list[str]:
+    """The Python stack of every thread but ``skip`` (a thread id)."""
+    frames = sys._current_frames()
+    out = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident or -1)
+        if frame is None or thread.ident == skip:
+            continue
+        out.append(f"--- thread {thread.name} (id {thread.ident}, daemon {thread.daemon}) ---")
+        out.append("".join(traceback.format_stack(frame)).rstrip())
+    return out
+
+
+class HangGuard:
+    """Context manager around the training steps; a no-op without a process group."""
+
+    def __init__(self, dump_folder: str, rank: int, world_size: int, status: Callable[[], str]) -> None:
+        self.folder = Path(dump_folder) / "hang"
+        self.rank, self.world_size, self.status = rank, world_size, status
+        self.store: dist.Store | None = None
+        self.stop = threading.Event()
+        self.lock = threading.Lock()  # the first path to report (main thread or watchdog) owns the exit
+        self.watchdog: threading.Thread | None = None
+
+    def __enter__(self) -> HangGuard:
+        if dist.is_initialized():
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            self.store = dist.PrefixStore("meshforge/hang/", _get_default_store())
+            self.watchdog = threading.Thread(target=self._watch, name="meshforge-hang-watchdog", daemon=True)
+            self.watchdog.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop.set()
+        if self.store is not None and is_collective_failure(exc):
+            assert exc is not None
+            reason = f"rank {self.rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self._report(reason, "".join(traceback.format_exception(exc)))
+        if self.watchdog is not None:
+            self.watchdog.join()
+
+    def _watch(self) -> None:
+        assert self.store is not None
+        while not self.stop.wait(POLL_SECONDS):
+            try:
+                if not self.store.check(["flag"]):
+                    continue
+                reason = self.store.get("flag").decode()
+            except Exception:  # the store is gone: the job is ending anyway
+                return
+            self._report(reason, None)
+
+    def _report(self, reason: str, failure: str | None) -> None:
+        """Write this rank's file, flag the others, wait for theirs, exit. Never returns."""
+        if not self.lock.acquire(timeout=PEER_GRACE_SECONDS * 2):
+            os._exit(HANG_EXIT_CODE)
+        origin = self._raise_flag(reason) if failure is not None else reason
+        path = self.write(origin, failure)
+        written = self._wait_for_peers()
+        if self.rank == 0 or failure is not None:
+            if written is None:
+                wrote = "the other ranks could not be asked: the store is gone"
+            else:
+                missing = sorted(set(range(self.world_size)) - written)
+                wrote = f"{len(written)} of {self.world_size} ranks wrote theirs"
+                wrote += f"; none from ranks {missing} (crashed or unresponsive: see their logs)" if missing else ""
+            print(
+                f"meshforge: collective failure ({origin}). What each rank was waiting for (its recent collectives "
+                f"and the Python stack of every thread): {path.parent}/rank_<R>.txt ({wrote}). Exiting with "
+                f"{HANG_EXIT_CODE}.",
+                file=sys.stderr,
+                flush=True,
+            )
+        sys.stdout.flush()
+        os._exit(HANG_EXIT_CODE)
+
+    def _raise_flag(self, reason: str) -> str:
+        """Publish this failure unless another rank did first; returns the reason every rank reports."""
+        try:
+            assert self.store is not None
+            return self.store.compare_set("flag", "", reason).decode()
+        except Exception:
+            return reason
+
+    def write(self, origin: str, failure: str | None) -> Path:
+        """This rank's report: ``<dump_folder>/hang/rank_R.txt``."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"rank_{self.rank}.txt"
+        try:
+            collectives = recent_collectives()
+        except Exception as exc:  # a report without them beats no report
+            collectives = [f"(flight recorder unreadable: {exc})"]
+        lines = [
+            f"meshforge hang report: rank {self.rank} of {self.world_size}, host {socket.gethostname()}, "
+            f"pid {os.getpid()}, {datetime.datetime.now().isoformat(timespec='seconds')}",
+            f"reason: collective failure reported by {origin}",
+            f"this rank: {self.status()}; "
+            + ("its collective failed (traceback below)" if failure else "its own collectives had not failed"),
+            "",
+            "== recent collectives (flight recorder, newest last; the last on a group is what it waited for) ==",
+            *collectives,
+            "",
+            *(["== the failed collective ==", failure.rstrip(), ""] if failure else []),
+            "== Python threads ==",
+            *thread_stacks(skip=threading.get_ident() if failure is None else None),
+            "",
+        ]
+        path.write_text("\n".join(lines))
+        return path
+
+    def _wait_for_peers(self) -> set[int] | None:
+        """Mark this rank done and wait (bounded) for the others; returns the ranks that wrote (None: unknown)."""
+        deadline = time.monotonic() + PEER_GRACE_SECONDS
+        try:
+            assert self.store is not None
+            self.store.set(f"done/{self.rank}", "1")
+            count = self.store.add("done_count", 1)
+            while count < self.world_size and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS / 2)
+                count = self.store.add("done_count", 0)
+            if count >= self.world_size:
+                return set(range(self.world_size))
+            return {r for r in range(self.world_size) if self.store.check([f"done/{r}"])}
+        except Exception:  # the store went away (its host exited): the others' state is unknown
+            return None
