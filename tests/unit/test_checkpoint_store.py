@@ -51,7 +51,7 @@ def take_steps(state: TrainState, steps: int) -> None:
 
 def checkpointer(folder: Path, **cfg: Any) -> Checkpointer:
     return Checkpointer(
-        Checkpoint(enable=True, interval=2, **cfg),
+        Checkpoint(**{"enable": True, "interval": 2, **cfg}),
         dump_folder=str(folder),
         total_steps=10,
         info={"flavor": "tiny", "layout": "one process"},
@@ -94,10 +94,6 @@ def test_round_trip_restores_the_whole_state(tmp_path: Path) -> None:
     got = get_optimizer_state_dict(fresh.model_parts[0], fresh.optimizer, options=FLAT)
     assert all(torch.equal(want[k], got[k]) for k in want if k.startswith("state."))
     assert torch.equal(torch.get_rng_state(), rng)
-    take_steps(state, 1)
-    torch.manual_seed(0)
-    take_steps(fresh, 1)  # same gradients would need the same generator: compare parameters after equal updates
-    assert fresh.step == 5
 
 
 def test_commit_is_atomic_and_incomplete_ones_are_removed(tmp_path: Path) -> None:
@@ -145,17 +141,16 @@ def load_error_with(tmp_path: Path, **cfg: Any) -> str:
 def test_async_save_is_the_same_checkpoint(tmp_path: Path) -> None:
     state = make_state(seed=1)
     take_steps(state, 2)
+    at_save = {k: v.clone() for k, v in get_model_state_dict(state.model_parts[0]).items()}
     ck = checkpointer(tmp_path, async_mode="async")
     ck.maybe_save(state)
-    take_steps(state, 1)  # training goes on while the staged copy is written
+    take_steps(state, 1)  # training changes the parameters in place while the staged copy is written
     ck.close()
     fresh = make_state(seed=2)
     fresh.loader.seed = 1
     checkpointer(tmp_path).load(fresh)
-    assert fresh.step == 2
-    reference = make_state(seed=1)
-    take_steps(reference, 2)  # not the same gradients: compare only what does not depend on them
-    assert fresh.loader.global_position == reference.loader.global_position
+    got = get_model_state_dict(fresh.model_parts[0])
+    assert fresh.step == 2 and all(torch.equal(got[k], at_save[k]) for k in at_save)
 
 
 def test_truncated_file_is_named(tmp_path: Path) -> None:

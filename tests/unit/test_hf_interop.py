@@ -1,5 +1,5 @@
-"""Hugging Face interop: the q/k RoPE permutation checked numerically against an HF-style Llama forward written here
-(rotate_half RoPE, read from the exported safetensors + config.json), name mapping round trips, checkpoint conversion."""
+"""Hugging Face interop: the q/k RoPE permutation checked numerically against an HF-style Llama forward written
+here (rotate_half RoPE, read from the exported safetensors + config.json); name mapping and conversion round trips."""
 
 from __future__ import annotations
 

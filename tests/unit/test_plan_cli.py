@@ -24,24 +24,61 @@ def test_json_has_the_promised_keys(capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(out)
     for key in ("tps_per_device", "peak_memory_gib", "mfu_pct", "fits", "breakdown"):
         assert key in data
-    assert set(data["breakdown"]["memory_gib"]) >= {"parameters", "gradients", "optimizer_state", "activations",
-                                                     "communication_buffers", "framework_overhead"}
-    assert set(data["breakdown"]["step_time_s"]) >= {"compute", "exposed_fsdp_comm", "exposed_tp_comm",
-                                                      "exposed_pp_comm", "exposed_cp_comm", "pipeline_bubble"}
+    assert set(data["breakdown"]["memory_gib"]) >= {
+        "parameters",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "communication_buffers",
+        "framework_overhead",
+    }
+    assert set(data["breakdown"]["step_time_s"]) >= {
+        "compute",
+        "exposed_fsdp_comm",
+        "exposed_tp_comm",
+        "exposed_pp_comm",
+        "exposed_cp_comm",
+        "pipeline_bubble",
+    }
     parts = sum(data["breakdown"]["memory_gib"].values())
     assert parts == pytest.approx(data["peak_memory_gib"], abs=0.05)
 
 
 def test_config_file_and_overrides(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["--config", "configs/llama3_405b.toml", "--world-size", "512", "--hardware", "h100-96gb",
-                        "--parallelism.pipeline_parallel_schedule", "1F1B"], capsys)
+    code, out, _ = run(
+        [
+            "--config",
+            "configs/llama3_405b.toml",
+            "--world-size",
+            "512",
+            "--hardware",
+            "h100-96gb",
+            "--parallelism.pipeline_parallel_schedule",
+            "1F1B",
+        ],
+        capsys,
+    )
     assert code == 0
     assert "TP 8 x PP 8 (1F1B" in out and "tokens/s per device" in out and "pipeline bubble" in out
 
 
 def test_layout_that_does_not_fit_reports_fits_false(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["--model.flavor", "405B", "--training.seq_len", "8192", "--training.local_batch_size", "1",
-                        "--world-size", "8", "--hardware", "h100", "--json"], capsys)
+    code, out, _ = run(
+        [
+            "--model.flavor",
+            "405B",
+            "--training.seq_len",
+            "8192",
+            "--training.local_batch_size",
+            "1",
+            "--world-size",
+            "8",
+            "--hardware",
+            "h100",
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0
     data = json.loads(out)
     assert data["fits"] is False and data["peak_memory_gib"] > data["capacity_gib"]
@@ -52,7 +89,7 @@ def test_layout_that_does_not_fit_reports_fits_false(capsys: pytest.CaptureFixtu
     [
         (["--world-size", "8", "--hardware", "tpu-v9"], "--hardware 'tpu-v9'"),
         (["--world-size", "6", "--hardware", "h100", "--parallelism.tensor_parallel_degree", "4"], "not divisible"),
-        (["--world-size", "8", "--hardware", "h100", "--parallelism.tensor_parallel_degree", "3"], "does not divide"),
+        (["--world-size", "6", "--hardware", "h100", "--parallelism.tensor_parallel_degree", "3"], "does not divide"),
         (["--world-size", "8", "--hardware", "h100", "--parallelism.data_parallel_shard_degree", "2"], "but --world"),
         (["--world-size", "8"], "--hardware is required"),
         (["--hardware", "h100"], "--world-size N is required"),
@@ -61,7 +98,9 @@ def test_layout_that_does_not_fit_reports_fits_false(capsys: pytest.CaptureFixtu
         (["--calibrate", "/nonexistent/results.json", "--hardware", "h100"], "no such file"),
     ],
 )
-def test_user_mistakes_are_one_line_and_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_user_mistakes_are_one_line_and_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = run(argv, capsys)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and needle in err

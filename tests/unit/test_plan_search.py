@@ -1,4 +1,4 @@
-"""`meshforge plan --search` on the article's three cases: a fitting recommendation, with the article's layout beside."""
+"""`meshforge plan --search` on the article's three cases: a fitting recommendation, the article's layout beside it."""
 
 from __future__ import annotations
 
@@ -29,10 +29,12 @@ def test_search_recommends_a_fitting_layout(name: str, capsys: pytest.CaptureFix
     text = report.format_search(result, hw)
     assert "recommended" in text and "your config" in text and "why this TP degree" in text
     with capsys.disabled():
-        print(f"\n{name}: recommended {best.layout.describe()} -> {best.tps_per_device:,.0f} tok/s/device, "
-              f"{best.peak_memory_gib:.1f} GiB; article's layout {result.baseline.layout.describe()} -> "
-              f"{result.baseline.tps_per_device:,.0f}, {result.baseline.peak_memory_gib:.1f} GiB "
-              f"({'fits' if result.baseline.fits else 'does not fit'})")
+        print(
+            f"\n{name}: recommended {best.layout.describe()} -> {best.tps_per_device:,.0f} tok/s/device, "
+            f"{best.peak_memory_gib:.1f} GiB; article's layout {result.baseline.layout.describe()} -> "
+            f"{result.baseline.tps_per_device:,.0f}, {result.baseline.peak_memory_gib:.1f} GiB "
+            f"({'fits' if result.baseline.fits else 'does not fit'})"
+        )
 
 
 def test_search_respects_meshforge_rules() -> None:

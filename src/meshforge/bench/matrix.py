@@ -54,6 +54,8 @@ class BenchRun:
     parity_rtol: float = 0.0
     reference: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)
+    cpu_overrides: dict[str, Any] = field(default_factory=dict)
+    """Extra train keys used only when no CUDA device is present (e.g. emulated Float8 matmuls on a CPU)."""
 
     @property
     def resolved_dp_shard(self) -> int:
@@ -82,7 +84,8 @@ class BenchRun:
         text = " x ".join(parts)
         if self.pp > 1:
             text += f" ({self.schedule})"
-        for flag, on in (("compile", self.compile), ("Float8", self.float8), ("async TP", self.async_tp)):
+        float8 = "Float8 (emulated)" if self.overrides.get("quantize.dense.float8.emulate") else "Float8"
+        for flag, on in (("compile", self.compile), (float8, self.float8), ("async TP", self.async_tp)):
             text += f" + {flag}" if on else ""
         return text
 
@@ -153,6 +156,7 @@ class BenchMatrix:
             "param_dtype": self.dtype,
             "gradient_accumulation_steps": run.gradient_accumulation_steps,
             "microbatch_size": int(keys.get("parallelism.pipeline_parallel_microbatch_size", 1)),
+            "float8_emulate": bool(run.float8 and keys.get("quantize.dense.float8.emulate", False)),
         }
 
     def timeout_of(self, run: BenchRun) -> int:
@@ -224,17 +228,26 @@ def load_matrix(path: str | Path) -> BenchMatrix:
     return parse_matrix(tree, source=source)
 
 
-def parse_matrix(tree: dict[str, Any], source: str = "") -> BenchMatrix:
-    """A BenchMatrix from the parsed TOML tree (sections [bench], [[run]], [[scaling]])."""
+def parse_matrix(tree: dict[str, Any], source: str = "", device: str = "") -> BenchMatrix:
+    """A BenchMatrix from the parsed TOML tree (sections [bench], [[run]], [[scaling]]). On ``device`` "cpu" (default:
+    whatever this machine has) each run's ``cpu_overrides`` join its ``overrides``."""
     unknown = sorted(set(tree) - {"bench", "run", "scaling"})
     if unknown:
         raise ValueError(f"unknown section [{unknown[0]}] in the bench matrix; use [bench], [[run]] and [[scaling]]")
     head = dict(tree.get("bench", {}))
     runs = [build_entry(BenchRun, entry, f"run[{i}]") for i, entry in enumerate(tree.get("run", []))]
+    if (device or local_device()) == "cpu":
+        runs = [replace(r, overrides={**r.overrides, **r.cpu_overrides}) if r.cpu_overrides else r for r in runs]
     matrix = build_entry(BenchMatrix, {**head, "runs": runs, "source": source}, "bench")
     matrix = expand_scaling(matrix, tree.get("scaling", []))
     validate(matrix)
     return matrix
+
+
+def local_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 _REQUIRED = {

@@ -71,6 +71,16 @@ def ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x"
 
 
+def parity_cell(record: Record) -> str:
+    """'reference' for the run others are compared with, else the max relative loss difference and the verdict."""
+    parity = record.get("parity") or {}
+    if not parity:
+        return "-"
+    if parity["reference"] == record["name"]:
+        return "reference"
+    return f"{fmt_diff(parity['max_rel_diff'])} {'ok' if parity['ok'] else '**over tol**'}"
+
+
 def baseline_record(results: dict[str, Any]) -> Record | None:
     name = results["bench"].get("baseline")
     return next((r for r in ok_records(results) if r["name"] == name), None)
@@ -88,15 +98,12 @@ def main_table(results: dict[str, Any]) -> list[str]:
     ]
     for r in (r for r in results["runs"] if r["group"] != "scaling"):
         iqr = r.get("tps_per_device_iqr")
-        parity = r.get("parity") or {}
-        verdict = "" if not parity else (" ok" if parity["ok"] else " **over tol**")
-        diff = "reference" if parity.get("reference") == r["name"] else fmt_diff(parity.get("max_rel_diff")) + verdict
         lines.append(
             f"| {r['label']} (`{r['name']}`) | {r['world_size']} | {fmt(r['tps_per_device'])} | "
             f"{'-' if not iqr else f'{iqr[0]:,.1f}-{iqr[1]:,.1f}'} | {ratio(r['tps_per_device'], base_tps)} | "
             f"{fmt(r['job_tps'])} | {fmt(r['tflops'], 4)} | {fmt(r['mfu_pct'], 2)} | {fmt(r['peak_memory_gib'], 3)} | "
             f"{ratio(r['peak_memory_gib'], base_mem)} | {fmt(r['final_loss'], 4)} | "
-            f"{diff} | {r['status']} |"
+            f"{parity_cell(r)} | {r['status']} |"
         )
     return lines
 
@@ -123,7 +130,7 @@ def scaling_tables(results: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {r['world_size']} | {per_core} | {fmt(r['tps_per_device'])} | "
                 f"{'-' if eff is None else f'{eff:.0f}%'} | {fmt(r['job_tps'])} | {fmt(r['peak_memory_gib'], 3)} | "
-                f"{fmt_diff((r.get('parity') or {}).get('max_rel_diff'))} | {r['status']} |"
+                f"{parity_cell(r)} | {r['status']} |"
             )
     return lines
 
@@ -250,9 +257,16 @@ def reference_table(results: dict[str, Any]) -> list[str]:
 
 
 def timing_table(results: dict[str, Any]) -> list[str]:
-    lines = ["\n## Run times\n", "| Run | Wall s | Start-up s | Step time s (median) |", "|---|---:|---:|---:|"]
+    lines = [
+        "\n## Run times\n",
+        "| Run | Wall s | Start-up s | Step time s (median) | Load average (1 min) at the end |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in results["runs"]:
-        lines.append(f"| `{r['name']}` | {fmt(r['wall_s'])} | {fmt(r['startup_s'])} | {fmt(r['step_time_s'], 3)} |")
+        lines.append(
+            f"| `{r['name']}` | {fmt(r['wall_s'])} | {fmt(r['startup_s'])} | {fmt(r['step_time_s'], 3)} | "
+            f"{fmt(r.get('load_avg_1m'), 2)} |"
+        )
     return lines
 
 

@@ -185,7 +185,7 @@ def classify(
     error = error_line(stderr + "\n" + stdout)
     if returncode == 0:
         return "failed", f"the run ended after {len(metrics)} of {steps} steps"
-    if re.search(r"out of memory|OutOfMemoryError|Signals?\.SIGKILL|exitcode\s*:\s*-9", stderr + stdout):
+    if re.search(r"out of memory|OutOfMemoryError|Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9", stderr + stdout):
         return "failed", "OOM: " + (error or "a rank was killed (out of memory?)")
     if re.search(r"meshforge (train|bench)[^\n]*: (config )?error:", stderr + stdout):
         return "unsupported", error
@@ -276,6 +276,7 @@ def make_record(
         "command": cmd,
         "fingerprint": matrix.fingerprint(run),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     return record
 

@@ -31,6 +31,7 @@ class BusyClock:
     """Accumulates one rank's compute time and pipeline-step time since the last ``take``."""
 
     def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.cuda = device.type == "cuda"
         self.busy_s = 0.0
         self.step_s = 0.0
@@ -100,8 +101,8 @@ class TimedPipelineStage(PipelineStage):
 
 def idle_shares_by_pp_rank(clock: BusyClock, pp_group: dist.ProcessGroup) -> list[float]:
     """Every pipeline rank's idle share since the last call (collective over the pipeline group)."""
-    mine = torch.tensor([clock.take()], dtype=torch.float64)
-    shares = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size(pp_group))]
+    mine = torch.tensor([clock.take()], dtype=torch.float64, device=clock.device)
+    shares = [torch.zeros_like(mine) for _ in range(dist.get_world_size(pp_group))]
     dist.all_gather(shares, mine, group=pp_group)
     return [float(s.item()) for s in shares]
 

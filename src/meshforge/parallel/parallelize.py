@@ -52,7 +52,8 @@ def parallelize(
             tp_mesh,
             sequence_parallel=parallelism.enable_sequence_parallel,
             loss_parallel=not parallelism.disable_loss_parallel,
-            float8=float8.enable and float8.recipe_name == "tensorwise",
+            # Float8 styles all-gather Float8 activations: NCCL only (gloo has no float8 dtypes)
+            float8=float8.enable and float8.recipe_name == "tensorwise" and tp_mesh.device_type == "cuda",
             async_tp=parallelism.enable_async_tensor_parallel,
         )
     cp_mesh = sub_mesh(mesh, "cp")

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -72,6 +72,7 @@ def root_plan(*, sequence_parallel: bool, loss_parallel: bool) -> dict[str, Para
     if not sequence_parallel:
         return {
             "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            "norm": ReplicateParallel(),
             "output": ColwiseParallel(
                 input_layouts=Replicate(), output_layouts=logits, use_local_output=not loss_parallel
             ),
@@ -88,10 +89,12 @@ def block_plan(*, sequence_parallel: bool, float8: bool) -> dict[str, ParallelSt
     colwise, rowwise, prepare_input = _styles(float8)
     if not sequence_parallel:
         return {
+            "attention_norm": ReplicateParallel(),
             "attention.wq": colwise(),
             "attention.wk": colwise(),
             "attention.wv": colwise(),
             "attention.wo": rowwise(),
+            "ffn_norm": ReplicateParallel(),
             "feed_forward.w1": colwise(),
             "feed_forward.w2": rowwise(),
             "feed_forward.w3": colwise(),
@@ -110,6 +113,30 @@ def block_plan(*, sequence_parallel: bool, float8: bool) -> dict[str, ParallelSt
         "feed_forward.w2": rowwise(output_layouts=Shard(1)),
         "feed_forward.w3": colwise(),
     }
+
+
+class ReplicateParallel(ParallelStyle):
+    """Norms without sequence parallel: parameters become replicated DTensors (every parameter of the model is then
+    a DTensor on the TP mesh, as the global gradient norm needs), inputs and outputs stay plain replicated tensors."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def replicate_params(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for p_name, param in list(mod.named_parameters(recurse=False)):
+                replicated = DTensor.from_local(param, mesh, [Replicate()], run_check=False)
+                mod.register_parameter(p_name, nn.Parameter(replicated))
+
+        def to_dtensor(mod: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
+            return tuple(
+                DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+                if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+                else x
+                for x in inputs
+            )
+
+        def to_local(mod: nn.Module, outputs: DTensor, mesh: DeviceMesh) -> torch.Tensor:
+            return outputs.to_local()
+
+        return distribute_module(module, device_mesh, replicate_params, to_dtensor, to_local)  # type: ignore[arg-type]
 
 
 def _styles(float8: bool) -> tuple[Any, Any, Any]:

@@ -49,8 +49,9 @@ def structures(args: ModelArgs, base: Layout, world: int, devices_per_node: int)
     """(dp_replicate, dp_shard, cp, tp, pp) with a product of ``world`` that the model and batch allow."""
     global_seqs = base.local_batch_size * base.dp * base.grad_accum
     for tp in divisors(world):
-        if tp > devices_per_node or any(x % tp for x in (args.n_heads, args.kv_heads, args.ffn_hidden_dim,
-                                                           args.vocab_size, base.seq_len)):
+        if tp > devices_per_node or any(
+            x % tp for x in (args.n_heads, args.kv_heads, args.ffn_hidden_dim, args.vocab_size, base.seq_len)
+        ):
             continue
         for cp in divisors(world // tp):
             if cp > 1 and (base.seq_len % (2 * cp) or base.seq_len // cp < MIN_CP_CHUNK):
@@ -71,9 +72,20 @@ def candidates(args: ModelArgs, base: Layout, world: int, hw: HardwareProfile) -
     fp8_options = (False, True) if hw.spec.peak_fp8_flops > 0 else (False,)
     for rep, shard, cp, tp, pp in structures(args, base, world, hw.spec.devices_per_node):
         lbs = global_seqs // (rep * shard)
-        shape = replace(base, dp_replicate=rep, dp_shard=shard, cp=cp, tp=tp, pp=pp, local_batch_size=lbs,
-                        grad_accum=1, compile=True, async_tp=tp > 1 and hw.spec.is_gpu,
-                        reshard_after_forward=pp == 1, layers_per_stage=-1)
+        shape = replace(
+            base,
+            dp_replicate=rep,
+            dp_shard=shard,
+            cp=cp,
+            tp=tp,
+            pp=pp,
+            local_batch_size=lbs,
+            grad_accum=1,
+            compile=True,
+            async_tp=tp > 1 and hw.spec.is_gpu,
+            reshard_after_forward=pp == 1,
+            layers_per_stage=-1,
+        )
         for pipe in pipeline_options(shape):
             for ac in AC_MODES:
                 for fp8 in fp8_options:
@@ -89,8 +101,13 @@ def pipeline_options(layout: Layout) -> Iterator[Layout]:
     for mb in sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]}) if sizes else []:
         for schedule in SEARCH_SCHEDULES:
             split = schedule in SPLIT_BACKWARD and layout.impl == "meshforge"  # cannot split compiled backwards
-            yield replace(layout, schedule=schedule, microbatch_size=mb, compile=layout.compile and not split,
-                          async_tp=layout.async_tp and not split)
+            yield replace(
+                layout,
+                schedule=schedule,
+                microbatch_size=mb,
+                compile=layout.compile and not split,
+                async_tp=layout.async_tp and not split,
+            )
 
 
 def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
@@ -116,8 +133,10 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
         except ConfigError:
             baseline = None
     if not ranked:
-        raise ConfigError(f"no layout of {base.flavor} fits {world} x {hw.name} at global batch "
-                          f"{base.local_batch_size * base.dp * base.grad_accum} x seq {base.seq_len}")
+        raise ConfigError(
+            f"no layout of {base.flavor} fits {world} x {hw.name} at global batch "
+            f"{base.local_batch_size * base.dp * base.grad_accum} x seq {base.seq_len}"
+        )
     return SearchResult(ranked, tried, baseline)
 
 
@@ -134,7 +153,7 @@ def recommendation_order(estimates: list[Estimate]) -> list[Estimate]:
     floor = (1 - SIMPLICITY_MARGIN) * ranked[0].tps_per_device
     pool = [e for e in ranked if e.tps_per_device >= floor]
     pool.sort(key=lambda e: (complexity(e.layout), -e.tps_per_device))
-    return pool + ranked[len(pool):]
+    return pool + ranked[len(pool) :]
 
 
 def best_by(result: SearchResult, key: str) -> list[Estimate]:

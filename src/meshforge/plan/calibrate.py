@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.config_io import ConfigError
+from meshforge.model.flavors import get_flavor
 from meshforge.plan.estimate import Estimate, estimate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, normalize_schedule, with_stages
-from meshforge.model.flavors import get_flavor
 
 TIME_CONSTANTS = ("matmul", "memory_bandwidth", "network", "intra_node_latency")
 """What --calibrate fits by default: compute, element-wise and communication efficiency, and the per-step latency of
@@ -49,7 +49,7 @@ def read_results(path: Path) -> list[Observation]:
         raise ConfigError(f"--calibrate {path}: not valid JSON ({exc})") from None
     records = data.get("runs", data.get("records", [])) if isinstance(data, dict) else data
     if not isinstance(records, list):
-        raise ConfigError(f"--calibrate {path}: expected a list of runs or {{\"runs\": [...]}}")
+        raise ConfigError(f'--calibrate {path}: expected a list of runs or {{"runs": [...]}}')
     out = [observation(r, path) for r in records if isinstance(r, dict) and r.get("status", "ok") == "ok"]
     if not out:
         raise ConfigError(f"--calibrate {path}: no run with status 'ok' to fit")
@@ -83,8 +83,12 @@ def observation(record: dict[str, Any], path: Path) -> Observation:
         )
         layout = with_stages(layout, get_flavor(layout.flavor))
         memory = record.get("peak_memory_gib")
-        return Observation(str(record.get("name", layout.describe())), layout, float(record["tps_per_device"]),
-                           float(memory) if memory else None)
+        return Observation(
+            str(record.get("name", layout.describe())),
+            layout,
+            float(record["tps_per_device"]),
+            float(memory) if memory else None,
+        )
     except KeyError as exc:
         raise ConfigError(f"--calibrate {path}: a run lacks the key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
@@ -151,8 +155,9 @@ def _relative_lstsq(pairs: list[tuple[float, float]]) -> tuple[float, float]:
     return (b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det
 
 
-def nelder_mead(f: Callable[[Sequence[float]], float], x0: list[float], step: float = 0.3, iters: int = 400,
-                tol: float = 1e-10) -> list[float]:
+def nelder_mead(
+    f: Callable[[Sequence[float]], float], x0: list[float], step: float = 0.3, iters: int = 400, tol: float = 1e-10
+) -> list[float]:
     """Minimise f from x0 with the Nelder-Mead simplex (standard coefficients)."""
     n = len(x0)
     simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
@@ -189,11 +194,18 @@ def compare(obs: Sequence[Observation], hw: HardwareProfile) -> list[dict[str, A
     out = []
     for o in obs:
         est = estimate(o.layout, hw)
-        row: dict[str, Any] = {"name": o.name, "layout": o.layout.describe(), "tps_measured": o.tps_per_device,
-                               "tps_predicted": est.tps_per_device,
-                               "tps_error": est.tps_per_device / o.tps_per_device - 1}
+        row: dict[str, Any] = {
+            "name": o.name,
+            "layout": o.layout.describe(),
+            "tps_measured": o.tps_per_device,
+            "tps_predicted": est.tps_per_device,
+            "tps_error": est.tps_per_device / o.tps_per_device - 1,
+        }
         if o.peak_memory_gib:
-            row |= {"memory_measured_gib": o.peak_memory_gib, "memory_predicted_gib": est.peak_memory_gib,
-                    "memory_error": est.peak_memory_gib / o.peak_memory_gib - 1}
+            row |= {
+                "memory_measured_gib": o.peak_memory_gib,
+                "memory_predicted_gib": est.peak_memory_gib,
+                "memory_error": est.peak_memory_gib / o.peak_memory_gib - 1,
+            }
         out.append(row)
     return out

@@ -27,8 +27,13 @@ class Link:
 
 def axis_link(layout: Layout, axes: tuple[str, ...], hw: HardwareProfile) -> Link:
     """The link the group spanning ``axes`` (adjacent in the grid) uses: NVLink if it stays in one host."""
-    sizes = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard,
-             "cp": layout.cp, "tp": layout.tp}
+    sizes = {
+        "pp": layout.pp,
+        "dp_replicate": layout.dp_replicate,
+        "dp_shard": layout.dp_shard,
+        "cp": layout.cp,
+        "tp": layout.tp,
+    }
     outermost = min(AXIS_ORDER.index(a) for a in axes)
     span = 1
     for axis in AXIS_ORDER[outermost:]:

@@ -123,8 +123,13 @@ def layer_times(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates) 
         ew += CP_MERGE_TRAFFIC * layout.cp * args.n_heads * args.head_dim / layout.tp * tokens / r.memory
     rec_mm, rec_attn, rec_ew = recompute_fractions(args, layout)
     backward = (2 + rec_mm) * mm + (ATTENTION_BWD_FACTOR + rec_attn) * attn + (2 + rec_ew) * ew
-    return LayerTimes(mm + attn + ew, backward, attn, tp_layer_comm(args, layout, hw, tokens),
-                      cp_layer_comm(args, layout, hw, tokens, attn, rec_attn))
+    return LayerTimes(
+        mm + attn + ew,
+        backward,
+        attn,
+        tp_layer_comm(args, layout, hw, tokens),
+        cp_layer_comm(args, layout, hw, tokens, attn, rec_attn),
+    )
 
 
 def tp_layer_comm(args: ModelArgs, layout: Layout, hw: HardwareProfile, tokens: float) -> float:
@@ -170,8 +175,10 @@ def head_time(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates, pa
         total += 3 * 2 * logits * args.dim / r.head_matmul + logits * LOSS_TRAFFIC_PER_LOGIT / r.memory
     if layout.tp > 1:
         link = comm.axis_link(layout, ("tp",), hw)
-        total += 2 * (parts.head + parts.embedding) * comm.all_gather(
-            tokens * args.dim * DTYPE_BYTES[layout.param_dtype], layout.tp, link
+        total += (
+            2
+            * (parts.head + parts.embedding)
+            * comm.all_gather(tokens * args.dim * DTYPE_BYTES[layout.param_dtype], layout.tp, link)
         )
     return total
 
@@ -296,11 +303,10 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
     ranks = sorted({0, layout.pp - 1} | set(range(min(layout.pp, 4))))
     slowest = max((rank_time(args, layout, hw, r, k) for k in ranks), key=lambda t: t.busy)
     m = layout.num_microbatches
-    # CPU ranks sharing too few cores compute in lock-step at a fraction of the speed, but a pipeline rank idling
-    # in the bubble leaves its core to the others (over = 1 on GPUs)
+    # CPU ranks whose threads outnumber the cores compute at a fraction of the speed (over = 1 on GPUs); measured on
+    # a 2-core host, pipeline ranks idling in the bubble do not speed the others up, so the bubble stretches too
     over = hw.spec.oversubscription(layout.world_size, layout.threads_per_rank)
-    bubble = schedules.bubble_ratio(layout) * m * slowest.busy
-    bubble = max(0.0, bubble - (over - 1) * m * slowest.compute)
+    bubble = schedules.bubble_ratio(layout) * m * slowest.busy * over
     numel = local_param_numel(args, layout, slowest.parts)
     times = {
         "compute": m * slowest.compute * over,

@@ -35,8 +35,9 @@ class ExactCase:
 def analytical_param_numel(case: ExactCase) -> int:
     """memory.py's figure for the same sharding (what the planner uses)."""
     args = get_flavor(case.flavor)
-    layout = Layout(flavor=case.flavor, seq_len=args.max_seq_len, local_batch_size=1, dp_shard=case.dp_shard,
-                    tp=case.tp)
+    layout = Layout(
+        flavor=case.flavor, seq_len=args.max_seq_len, local_batch_size=1, dp_shard=case.dp_shard, tp=case.tp
+    )
     return local_param_numel(args, layout, rank_parts(args, layout, 0))
 
 

@@ -25,9 +25,9 @@ GIB = 1024**3
 class Efficiency:
     """Fractions of the datasheet figures that training reaches: few, named, each documented in docs/planner.md."""
 
-    matmul: float = 0.61
+    matmul: float = 0.60
     """Large bf16 GEMMs (the linear layers), as a fraction of the derated peak."""
-    attention: float = 0.225
+    attention: float = 0.23
     """Flash attention (SDPA) forward/backward, as a fraction of the derated bf16 peak (FA2 on H100: ~0.3-0.4)."""
     float8_speedup: float = 1.52
     """Realised speedup of Float8 linear layers over bf16 (casts and amax included; the hardware bound is 2)."""
@@ -35,7 +35,7 @@ class Efficiency:
     """Element-wise kernels (norms, RoPE, SwiGLU, loss, optimizer) as a fraction of the memory bandwidth."""
     network: float = 0.80
     """Collective bus bandwidth as a fraction of the link bandwidth (nccl-tests on NVLink 4 / 400G RDMA: ~0.8)."""
-    async_tp_overlap: float = 0.24
+    async_tp_overlap: float = 0.25
     """Fraction of tensor-parallel communication that async TP (micro-pipelined matmuls) hides."""
     allocator_overhead: float = 0.10
     """Caching-allocator slack: reserved / allocated - 1 at the peak (fragmentation, per-stream pools)."""
@@ -168,10 +168,11 @@ PRESETS: dict[str, HardwareSpec] = {
     ),
 }
 
-# CPU: ranks are processes on one host; gloo moves tensors through loopback TCP. Measured on this class of machine
-# (docs/planner.md): ~1 GB/s per direction and ~100 us per message for 1-8 processes. The calibration refits them.
+# CPU: ranks are processes on one host; gloo moves tensors through loopback TCP. Assumed orders of magnitude, ~1 GB/s
+# per direction and ~100 us per message; `meshforge plan --calibrate` refits both (docs/planner.md).
 CPU_GLOO_BANDWIDTH = 1.0e9
 CPU_GLOO_LATENCY = 100e-6
+# Starting values for --calibrate on CPU hosts (rough guesses relative to the probe; nothing published to fit them to).
 CPU_EFFICIENCY = Efficiency(
     matmul=0.8,
     attention=0.5,

@@ -96,17 +96,29 @@ class Layout:
     def describe(self) -> str:
         """One line: 'FSDP 8 x TP 8 x PP 8 (Interleaved1F1B, 16 x mb 2) | AC full | compile, Float8, async TP'."""
         parts = []
-        for label, degree in (("HSDP-replicate", self.dp_replicate), ("FSDP", self.dp_shard), ("CP", self.cp),
-                              ("TP", self.tp), ("PP", self.pp)):
-            if degree > 1 or (label == "FSDP" and self.world_size == 1):
+        for label, degree in (
+            ("HSDP-replicate", self.dp_replicate),
+            ("FSDP", self.dp_shard),
+            ("CP", self.cp),
+            ("TP", self.tp),
+            ("PP", self.pp),
+        ):
+            if degree > 1:
                 parts.append(f"{label} {degree}")
-        text = " x ".join(parts)
+        text = " x ".join(parts) or "single device"
         if self.pp > 1:
             mbs = self.local_batch_size // self.microbatch_size
             text += f" ({self.schedule}, {mbs} x mb {self.microbatch_size})"
         ac = self.ac_mode if self.ac_mode != "selective" else f"selective-{self.sac_option}"
-        feats = [name for name, on in (("compile", self.compile), ("Float8", self.float8),
-                                       ("async TP", self.async_tp and self.tp > 1)) if on]
+        feats = [
+            name
+            for name, on in (
+                ("compile", self.compile),
+                ("Float8", self.float8),
+                ("async TP", self.async_tp and self.tp > 1),
+            )
+            if on
+        ]
         text += f" | lbs {self.local_batch_size} x seq {self.seq_len} | AC {ac}"
         return text + (f" | {', '.join(feats)}" if feats else "")
 
@@ -175,7 +187,9 @@ def normalize_schedule(name: str, csv_path: str = "") -> str:
     key = name.lower().replace("_", "").replace("-", "")
     aliases = {s.lower(): s for s in SCHEDULES} | {"interleave1f1b": "Interleaved1F1B"}
     if key not in aliases:
-        raise ConfigError(f"parallelism.pipeline_parallel_schedule = {name!r} is unknown; choose {', '.join(SCHEDULES)}")
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_schedule = {name!r} is unknown; choose {', '.join(SCHEDULES)}"
+        )
     return aliases[key]
 
 
@@ -195,8 +209,12 @@ def with_stages(layout: Layout, args: ModelArgs) -> Layout:
 def check_layout(layout: Layout, args: ModelArgs) -> None:
     """ConfigError naming the first reason this layout cannot run this model."""
     if layout.tp > 1:
-        for key, size in (("n_heads", args.n_heads), ("n_kv_heads", args.kv_heads),
-                          ("ffn hidden dim", args.ffn_hidden_dim), ("vocab", args.vocab_size)):
+        for key, size in (
+            ("n_heads", args.n_heads),
+            ("n_kv_heads", args.kv_heads),
+            ("ffn hidden dim", args.ffn_hidden_dim),
+            ("vocab", args.vocab_size),
+        ):
             if size % layout.tp:
                 raise ConfigError(f"tensor_parallel_degree = {layout.tp} does not divide the model's {key} ({size})")
         if layout.seq_len % layout.tp:
@@ -234,13 +252,23 @@ def stage_layer_counts(n_layers: int, layout: Layout) -> list[int]:
     """Transformer blocks per stage: the embedding and the output count as first/last_stage_less_layers blocks,
     and the total is split evenly (as parallelism.pipeline_parallel_*_less_layers documents)."""
     stages = layout.num_stages
-    first, last = (layout.first_stage_less_layers, layout.last_stage_less_layers) if stages > 1 else (0, 0)
+    if stages == 1:
+        return [n_layers]
+    first, last = layout.first_stage_less_layers, layout.last_stage_less_layers
+    if stages > n_layers + first + last:
+        raise ConfigError(
+            f"{n_layers} layers (+ {first} + {last} for embedding and output) cannot fill {stages} pipeline stages"
+        )
     base, extra = divmod(n_layers + first + last, stages)
-    counts = [base + (1 if i < extra else 0) for i in range(stages)]
-    counts[0] -= first
-    counts[-1] -= last
-    if min(counts) < 1:
-        raise ConfigError(f"{n_layers} layers cannot fill {stages} pipeline stages with at least one block each")
+    if first > base or last > base:
+        raise ConfigError(f"first/last_stage_less_layers = {first}/{last} exceed the {base} blocks per stage")
+    counts, placed = [], 0
+    for index in range(stages):
+        budget = base + (1 if index < extra else 0) - (first if index == 0 else 0)
+        budget -= last if index == stages - 1 else 0
+        take = min(budget, n_layers - placed)
+        counts.append(take)
+        placed += take
     return counts
 
 

@@ -9,6 +9,7 @@ FSDP2 then chunks each TP-local tensor on dim 0 over dp_shard x cp ranks, rank 0
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshforge.model.flavors import ModelArgs
@@ -20,7 +21,7 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 STATE_BYTES = {"params": 4, "grads": 4, "optimizer": 8}
 """fp32 master weights, fp32 sharded gradients, AdamW exp_avg + exp_avg_sq (FSDP2 keeps the model in fp32)."""
 LOSS_BYTES_PER_LOGIT = 12
-"""Cross-entropy on .float() logits (one fused log-softmax): fp32 output saved (4) + its gradient (4) + the input's (4)."""
+"""Cross-entropy on .float() logits (fused log-softmax): fp32 output saved (4) + its gradient (4) + the input's (4)."""
 LOSS_PARALLEL_BYTES_PER_LOGIT = 16
 """Vocab-parallel cross-entropy (torch loss_parallel, decomposed into DTensor ops): five live fp32 temporaries at the
 backward's peak (saved output, incoming gradient, exp(output), its product with the sum, the result)."""
@@ -65,8 +66,12 @@ def head_params(args: ModelArgs) -> tuple[ParamSpec, ...]:
 @functools.lru_cache(maxsize=4096)
 def part_numel(args: ModelArgs, part: str, tp: int, fsdp: int) -> int:
     """Rank 0's elements of one block / the embedding / the head (norm + output) under TP x FSDP."""
-    specs = {"block": block_params, "embedding": embedding_params, "head": head_params}[part](args)
-    return sum(shard_numel(p, tp, fsdp) for p in specs)
+    parts: dict[str, Callable[[ModelArgs], tuple[ParamSpec, ...]]] = {
+        "block": block_params,
+        "embedding": embedding_params,
+        "head": head_params,
+    }
+    return sum(shard_numel(p, tp, fsdp) for p in parts[part](args))
 
 
 def shard_numel(spec: ParamSpec, tp: int, fsdp: int) -> int:
@@ -135,7 +140,13 @@ def activation_bytes_per_token(args: ModelArgs, layout: Layout, mode: str) -> fl
     column-parallel matmuls and the pre-reduce-scatter outputs of the row-parallel ones, which are full-length.
     """
     e, tp = DTYPE_BYTES[layout.param_dtype], layout.tp
-    d, q, kv, f, heads = args.dim, args.n_heads * args.head_dim, args.kv_heads * args.head_dim, args.ffn_hidden_dim, args.n_heads
+    d, q, kv, f, heads = (
+        args.dim,
+        args.n_heads * args.head_dim,
+        args.kv_heads * args.head_dim,
+        args.ffn_hidden_dim,
+        args.n_heads,
+    )
     kv_sdpa = q if kv < q else kv  # meshforge repeats K/V to all heads before SDPA
     gathered = 2 * e * d if tp > 1 else 0.0  # AG'd norm outputs (attention, FFN) kept for the matmuls' backward
     if mode == "full":
@@ -173,7 +184,9 @@ def block_modes(args: ModelArgs, layout: Layout) -> dict[str, float]:
 
 def saved_bytes_per_token(args: ModelArgs, layout: Layout) -> float:
     """Average bytes per block per token kept until backward, over the AC modes of the blocks."""
-    return sum(share * activation_bytes_per_token(args, layout, mode) for mode, share in block_modes(args, layout).items())
+    return sum(
+        share * activation_bytes_per_token(args, layout, mode) for mode, share in block_modes(args, layout).items()
+    )
 
 
 def transient_bytes_per_token(args: ModelArgs, layout: Layout) -> float:
@@ -201,13 +214,26 @@ class MemoryBreakdown:
 
     @property
     def peak(self) -> float:
-        return (self.parameters + self.gradients + self.optimizer + self.activations + self.comm_buffers
-                + self.allocator + self.framework)
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.comm_buffers
+            + self.allocator
+            + self.framework
+        )
 
     def as_dict(self) -> dict[str, float]:
-        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer_state": self.optimizer,
-                "activations": self.activations, "communication_buffers": self.comm_buffers,
-                "allocator_slack": self.allocator, "framework_overhead": self.framework}
+        return {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer_state": self.optimizer,
+            "activations": self.activations,
+            "communication_buffers": self.comm_buffers,
+            "allocator_slack": self.allocator,
+            "framework_overhead": self.framework,
+        }
 
 
 def memory(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> MemoryBreakdown:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshforge.plan.advisor import SearchResult, best_by
+from meshforge.plan.advisor import SearchResult, best_by, complexity
 from meshforge.plan.estimate import Estimate
 from meshforge.plan.hardware import HardwareProfile
 
@@ -17,16 +17,26 @@ TIME_LABELS = {
     "pipeline_bubble": "pipeline bubble",
     "optimizer": "optimizer step",
 }
-SHORT = {"compute": "compute", "exposed_fsdp_comm": "FSDP comm", "exposed_tp_comm": "TP comm",
-         "exposed_cp_comm": "CP comm", "exposed_pp_comm": "PP comm", "pipeline_bubble": "bubble",
-         "optimizer": "optimizer"}
+SHORT = {
+    "compute": "compute",
+    "exposed_fsdp_comm": "FSDP comm",
+    "exposed_tp_comm": "TP comm",
+    "exposed_cp_comm": "CP comm",
+    "exposed_pp_comm": "PP comm",
+    "pipeline_bubble": "bubble",
+    "optimizer": "optimizer",
+}
 
 
 def format_estimate(est: Estimate, hw: HardwareProfile) -> str:
     """The human-readable prediction for one layout."""
     lay = est.layout
-    lines = [f"meshforge plan: {lay.flavor} on {lay.world_size} x {hw.name} ({hw.spec.description})",
-             f"layout: {lay.describe()}", "", f"peak memory per device (GiB), pipeline rank {est.memory.rank}:"]
+    lines = [
+        f"meshforge plan: {lay.flavor} on {lay.world_size} x {hw.name} ({hw.spec.description})",
+        f"layout: {lay.describe()}",
+        "",
+        f"peak memory per device (GiB), pipeline rank {est.memory.rank}:",
+    ]
     for key, value in est.memory.as_dict().items():
         lines.append(f"  {key.replace('_', ' '):<28} {value:8.2f}")
     usable = est.capacity_gib - est.runtime_gib
@@ -44,30 +54,56 @@ def format_estimate(est: Estimate, hw: HardwareProfile) -> str:
 def _row(label: str, est: Estimate) -> str:
     parts = sorted(est.time.items(), key=lambda kv: -kv[1])[1:3]
     overhead = ", ".join(f"{SHORT[k]} {v / est.step_time:.0%}" for k, v in parts if v > 0)
-    return (f"| {label} | {est.layout.describe()} | {est.tps_per_device:,.1f} | {est.mfu_pct:.1f} | "
-            f"{est.peak_memory_gib:.1f} | {'yes' if est.fits else 'no'} | {overhead} |")
+    return (
+        f"| {label} | {est.layout.describe()} | {est.tps_per_device:,.1f} | {est.mfu_pct:.1f} | "
+        f"{est.peak_memory_gib:.1f} | {'yes' if est.fits else 'no'} | {overhead} |"
+    )
 
 
 def why(winner: Estimate, other: Estimate) -> str:
-    """What makes ``other`` slower than ``winner``: the step-time parts that grew most, per token."""
+    """How ``other`` differs from ``winner``: speed, and the step-time parts (per token) that grew or shrank most."""
     if other is winner:
         return "the recommendation"
     rel = other.tps_per_device / winner.tps_per_device - 1
     w_tok, o_tok = winner.layout.tokens_per_device_step, other.layout.tokens_per_device_step
-    deltas = {k: other.time[k] / o_tok - winner.time[k] / w_tok for k in winner.time}
-    worse = sorted(((d, k) for k, d in deltas.items() if d > 0), reverse=True)[:2]
-    text = ", ".join(f"{SHORT[k]} +{d * 1e3:.3g} ms/token" for d, k in worse) or "no single part dominates"
-    return f"{rel:+.1%}: {text}"
+    floor = 0.01 * winner.step_time / w_tok  # ignore parts that move by less than 1 % of the winner's time per token
+    deltas = {k: d for k in winner.time if abs(d := other.time[k] / o_tok - winner.time[k] / w_tok) >= floor}
+    costs = ", ".join(
+        f"{SHORT[k]} +{d * 1e3:.3g}" for d, k in sorted(((d, k) for k, d in deltas.items()), reverse=True)[:2] if d > 0
+    )
+    saves = ", ".join(f"{SHORT[k]} {d * 1e3:.3g}" for d, k in sorted((d, k) for k, d in deltas.items())[:2] if d < 0)
+    text = f"{rel:+.1%}"
+    if costs:
+        text += f"; costs {costs} ms/token"
+    if saves:
+        text += f"; saves {saves} ms/token"
+    if rel > 0:
+        text += (
+            f"; not chosen: {complexity(other.layout)} parallel dimensions beyond FSDP vs {complexity(winner.layout)}"
+        )
+        if not other.fits:
+            text += ", does not fit"
+    elif not other.fits:
+        text += "; does not fit"
+    return text
 
 
 def format_search(result: SearchResult, hw: HardwareProfile) -> str:
     """The recommendation, the runner-up and the config's own layout, then why this TP degree and this schedule."""
     best = result.best
     lay = best.layout
-    header = "| | layout | tokens/s/device | MFU % | memory GiB | fits | largest overheads |\n|---|---|---:|---:|---:|---|---|"
-    lines = [f"meshforge plan --search: {lay.flavor} on {lay.world_size} x {hw.name}, global batch "
-             f"{lay.local_batch_size * lay.dp} x seq {lay.seq_len}; {result.tried} layouts tried, "
-             f"{len(result.ranked)} fit", "", header, _row("recommended", best)]
+    header = (
+        "| | layout | tokens/s/device | MFU % | memory GiB | fits | largest overheads |\n"
+        "|---|---|---:|---:|---:|---|---|"
+    )
+    lines = [
+        f"meshforge plan --search: {lay.flavor} on {lay.world_size} x {hw.name}, global batch "
+        f"{lay.local_batch_size * lay.dp} x seq {lay.seq_len}; {result.tried} layouts tried, "
+        f"{len(result.ranked)} fit",
+        "",
+        header,
+        _row("recommended", best),
+    ]
     if len(result.ranked) > 1:
         lines.append(_row("runner-up", result.ranked[1]))
     if result.baseline is not None:
@@ -79,7 +115,9 @@ def format_search(result: SearchResult, hw: HardwareProfile) -> str:
         name = e.layout.schedule if e.layout.pp > 1 else "no pipeline"
         lines.append(f"  {name}: {e.tps_per_device:,.1f} tok/s ({why(best, e)})")
     lines += ["", "why this AC mode (best fitting layout per mode):"]
-    lines += [f"  {e.layout.ac_mode}: {e.tps_per_device:,.1f} tok/s ({why(best, e)})" for e in _sorted(result, "ac_mode")]
+    lines += [
+        f"  {e.layout.ac_mode}: {e.tps_per_device:,.1f} tok/s ({why(best, e)})" for e in _sorted(result, "ac_mode")
+    ]
     return "\n".join(lines)
 
 
@@ -99,5 +137,8 @@ def search_json(result: SearchResult) -> dict[str, Any]:
 
 
 def _brief(est: Estimate) -> dict[str, Any]:
-    return {"layout": est.layout.describe(), "tps_per_device": round(est.tps_per_device, 2),
-            "peak_memory_gib": round(est.peak_memory_gib, 2)}
+    return {
+        "layout": est.layout.describe(),
+        "tps_per_device": round(est.tps_per_device, 2),
+        "peak_memory_gib": round(est.peak_memory_gib, 2),
+    }

@@ -221,9 +221,9 @@ def saved_shapes(metadata: Metadata) -> dict[str, tuple[int, ...] | None]:
 def check_keys(path: Path, wanted: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...] | None]) -> None:
     """One-line ValueError when the checkpoint lacks a wanted tensor, holds another shape, or has extra model
     tensors (a checkpoint of another flavor)."""
-    missing = sorted(k for k in wanted if k not in saved)
-    shapes = sorted(k for k in wanted if k in saved and saved[k] != wanted[k])
-    extra = sorted(k for k in saved if k.startswith("model.") and k not in wanted)
+    missing = [k for k in wanted if k not in saved]  # in state-dict order: the embedding first
+    shapes = [k for k in wanted if k in saved and saved[k] != wanted[k]]
+    extra = [k for k in saved if k.startswith("model.") and k not in wanted]
     if not (missing or shapes or extra):
         return
     parts = []

@@ -10,8 +10,9 @@ collectives (newest last) and the Python stack of every thread. Each rank then w
 written, rank 0 prints where the files are, and all exit with ``HANG_EXIT_CODE``.
 
 On CUDA, NCCL's watchdog may tear the process down before Python sees an error; NCCL's own flight-recorder dump on
-timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``, files ``<dump_folder>/hang/nccl_trace_rank_R``) covers that case. See
-docs/observability.md for reading both.
+timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``) covers that case. The raw dumps of every rank (ours, or NCCL's) land in
+``<dump_folder>/hang/flight_recorder/rank_R``, where torch's analyser compares them across ranks; see
+docs/observability.md.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ FLIGHT_RECORDER_ENTRIES = 2000
 RECENT_COLLECTIVES = 24
 POLL_SECONDS = 0.5
 PEER_GRACE_SECONDS = 20.0
+STACK_FRAMES = 40  # innermost frames per thread
 # gloo's words for a collective that timed out or lost its peer (it raises a plain RuntimeError)
 FAILURE_MARKERS = ("Timed out", "timed out", "Connection closed by peer", "pair closure", "Connection reset", "NCCL")
 
@@ -44,13 +46,12 @@ FAILURE_MARKERS = ("Timed out", "timed out", "Connection closed by peer", "pair 
 def enable_flight_recorder(dump_folder: str) -> None:
     """Turn on torch's flight recorder (must run before the process group is created); values already in the
     environment win. On CUDA also ask NCCL's watchdog to dump it into ``<dump_folder>/hang/`` on a timeout."""
-    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", os.environ["TORCH_FR_BUFFER_SIZE"])
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))  # the NCCL-era name is deprecated
     if torch.cuda.is_available():
-        folder = Path(dump_folder).absolute() / "hang"
+        folder = Path(dump_folder).absolute() / "hang" / "flight_recorder"
         folder.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(folder / "nccl_trace_rank_"))
+        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(folder / "rank_"))
 
 
 def is_collective_failure(exc: BaseException | None) -> bool:
@@ -59,19 +60,38 @@ def is_collective_failure(exc: BaseException | None) -> bool:
     return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in FAILURE_MARKERS)
 
 
-def recent_collectives(limit: int = RECENT_COLLECTIVES) -> list[str]:
-    """The flight recorder's last ``limit`` entries on this rank, one line each (newest last)."""
+def flight_recorder_dump() -> bytes | None:
+    """This rank's flight-recorder entries as torch pickles them (None if this torch build has none)."""
     from torch._C import _distributed_c10d as c10d
 
     dump = getattr(c10d, "_dump_nccl_trace", None) if dist.get_backend() == "nccl" else None
     dump = dump or getattr(c10d, "_dump_fr_trace", None)
-    if dump is None:
+    return None if dump is None else bytes(dump(True, True, False))
+
+
+def recent_collectives(raw: bytes | None, limit: int = RECENT_COLLECTIVES) -> list[str]:
+    """The last ``limit`` entries of a flight-recorder dump, one line each (newest last)."""
+    if raw is None:
         return ["(this torch build has no flight recorder)"]
-    entries = pickle.loads(dump(True, True, False)).get("entries", [])
+    entries = pickle.loads(raw).get("entries", [])
     if not entries:
         return ["(none recorded: TORCH_FR_BUFFER_SIZE was 0 when the process group started)"]
     now = time.time_ns()
     return [format_entry(e, now) for e in entries[-limit:]]
+
+
+def with_group_config(raw: bytes) -> bytes:
+    """The dump with every live group's name, description and ranks: gloo leaves ``pg_config`` empty, and torch's
+    analyser needs it to line the ranks' entries up."""
+    from torch.distributed.distributed_c10d import _world
+
+    data = pickle.loads(raw)
+    config = {
+        pg.group_name: {"name": pg.group_name, "desc": pg.group_desc, "ranks": str(dist.get_process_group_ranks(pg))}
+        for pg in list(_world.pg_map)
+    }
+    data["pg_config"] = config | {name: c for name, c in data.get("pg_config", {}).items() if name}
+    return pickle.dumps(data)
 
 
 def format_entry(entry: dict[str, Any], now_ns: int) -> str:
@@ -96,7 +116,7 @@ def thread_stacks(skip: int | None = None) -> list[str]:
         if frame is None or thread.ident == skip:
             continue
         out.append(f"--- thread {thread.name} (id {thread.ident}, daemon {thread.daemon}) ---")
-        out.append("".join(traceback.format_stack(frame)).rstrip())
+        out.append("".join(traceback.format_stack(frame, limit=STACK_FRAMES)).rstrip())
     return out
 
 
@@ -179,7 +199,9 @@ class HangGuard:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"rank_{self.rank}.txt"
         try:
-            collectives = recent_collectives()
+            raw = flight_recorder_dump()
+            collectives = recent_collectives(raw)
+            self._save_raw(raw)
         except Exception as exc:  # a report without them beats no report
             collectives = [f"(flight recorder unreadable: {exc})"]
         lines = [
@@ -199,6 +221,13 @@ class HangGuard:
         ]
         path.write_text("\n".join(lines))
         return path
+
+    def _save_raw(self, raw: bytes | None) -> None:
+        """The whole dump, for torch's cross-rank analyser (docs/observability.md); NCCL's own dump wins."""
+        path = self.folder / "flight_recorder" / f"rank_{self.rank}"
+        if raw is not None and not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(with_group_config(raw))
 
     def _wait_for_peers(self) -> set[int] | None:
         """Mark this rank done and wait (bounded) for the others; returns the ranks that wrote (None: unknown)."""
