@@ -85,6 +85,9 @@ def test_log_rank_keeps_stdout_off_the_console_but_in_the_file(tmp_path: Path, c
     out, err = capsys.readouterr()
     assert out == "" and err == "a warning\n"  # errors from any rank stay visible
     assert "a metrics line\na warning\n" in (tmp_path / "logs" / "rank_0.log").read_text()
+    with pytest.raises(ValueError, match="bad layout"), rank_logging(job, 0, 2):
+        raise ValueError("bad layout")
+    assert "ValueError: bad layout" in (tmp_path / "logs" / "rank_0.log").read_text()  # the error that ended it
     with rank_logging(Job(log_rank="0-1"), 1, 2):
         print("two\nlines")
     assert capsys.readouterr().out == "[rank 1] two\n[rank 1] lines\n"
@@ -152,4 +155,5 @@ def test_stalled_rank_makes_every_rank_write_a_hang_report(tmp_path: Path) -> No
     found = subprocess.run(
         [*analyser, str(tmp_path / "hang" / "flight_recorder")], capture_output=True, text=True, timeout=120
     )
-    assert "Not all ranks joining collective" in found.stdout and "missing ranks: {1}" in found.stdout, found
+    report = found.stdout + found.stderr  # it logs to stderr
+    assert "Not all ranks joining collective" in report and "missing ranks: {1}" in report, report

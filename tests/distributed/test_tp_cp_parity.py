@@ -1,8 +1,8 @@
 """Tensor, sequence, loss and context parallel layouts against one process on the same seed and global batch.
 
 fp32 layouts: the first 5 losses within 1e-5 relative of the single process (measured: <= 1.2e-7).
-bf16 layouts: within 2e-3 relative of the single-process fp32 run (measured: TP 2 with autocast 2.8e-5, CP 2 with
-FSDP bf16 parameters 3.4e-4 -- the same as plain FSDP bf16).
+bf16 layouts: within 2e-3 relative of the single-process fp32 run (measured: CP 2 with FSDP bf16 parameters 3.4e-4,
+the same as plain FSDP 2 bf16; TP 2 under autocast 2.8e-5, not run here to save time).
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ def test_cp2_x_fsdp2_matches_single_process() -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("axis", ["tensor_parallel_degree", "context_parallel_degree"])
-def test_bf16_layouts_within_stated_tolerance(axis: str) -> None:
-    """TP 2 runs bf16 under autocast; CP 2 shards with FSDP over cp, so it runs FSDP's bf16 parameters."""
-    got = losses(2, [*batch(GLOBAL_BATCH), f"--parallelism.{axis}", "2", "--training.mixed_precision_param", "bfloat16"])
+def test_bf16_cp2_within_stated_tolerance() -> None:
+    """CP 2 shards with FSDP over cp, so it runs FSDP's bf16 parameters (all of the forward in bf16)."""
+    bf16 = ["--training.mixed_precision_param", "bfloat16"]
+    got = losses(2, [*batch(GLOBAL_BATCH), "--parallelism.context_parallel_degree", "2", *bf16])
     assert_parity(got, reference(), rtol=BF16_RTOL)
     assert got != list(reference()), "bf16 run identical to fp32: the dtype did not apply"
 

@@ -36,9 +36,7 @@ def test_product_must_equal_world_size() -> None:
         dims(6, tensor_parallel_degree=4)
 
 
-@pytest.mark.parametrize(
-    "key", ["tensor_parallel_degree", "context_parallel_degree", "data_parallel_replicate_degree"]
-)
+@pytest.mark.parametrize("key", ["tensor_parallel_degree", "context_parallel_degree", "data_parallel_replicate_degree"])
 def test_degree_below_one(key: str) -> None:
     with one_line_error(rf"parallelism.{key} = 0 must be >= 1"):
         dims(2, **{key: 0})

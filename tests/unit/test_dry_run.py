@@ -50,6 +50,15 @@ def test_8b_fsdp_8_through_the_cli(capsys) -> None:
     assert_sharded(report.ranks[0], get_flavor("8B"), fsdp=8, tp=1)
 
 
+def test_cuda_only_options_are_checked_for_the_target() -> None:
+    ring = ["--parallelism.context_parallel_degree", "2", "--parallelism.context_parallel_impl", "ring"]
+    report = plan(load_config("configs/llama3_8b.toml", ring), 16)  # the target is CUDA: ring attention is fine
+    assert_sharded(report.ranks[0], get_flavor("8B"), fsdp=16, tp=1)  # FSDP shards over dp_shard x cp
+    with pytest.raises(ValueError, match="needs CUDA"):
+        plan(load_config("configs/llama3_8b.toml", [*ring, "--training.device", "cpu"]), 16)
+    assert not dist.is_initialized()
+
+
 def test_70b_fsdp_32_tp_8() -> None:
     report = plan(load_config("configs/llama3_70b.toml", []), 256)
     assert_sharded(report.ranks[0], get_flavor("70B"), fsdp=32, tp=8)

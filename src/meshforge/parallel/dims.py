@@ -145,9 +145,13 @@ class ParallelDims:
             if self.tp == 1:
                 raise ValueError(f"async tensor parallel needs parallelism.tensor_parallel_degree > 1; {fix}")
             if device.type != "cuda":
-                raise ValueError(f"async tensor parallel needs CUDA symmetric memory, the device is {device.type}; {fix}")
+                raise ValueError(
+                    f"async tensor parallel needs CUDA symmetric memory, the device is {device.type}; {fix}"
+                )
             if not compile_enabled:
-                raise ValueError(f"async tensor parallel needs compile.enable = true (inductor does the overlap); {fix}")
+                raise ValueError(
+                    f"async tensor parallel needs compile.enable = true (inductor does the overlap); {fix}"
+                )
         if self.cp > 1:
             resolve_cp_impl(parallelism.context_parallel_impl, device.type)
         check_float8_support(float8, device)

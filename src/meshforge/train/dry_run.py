@@ -39,7 +39,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement, Shard, _StridedShard
 
-from meshforge.config import JobConfig
+from meshforge.config import JobConfig, Parallelism
 from meshforge.model.flavors import ModelArgs, get_flavor, param_counts
 from meshforge.model.llama import build_model, canonical_name
 from meshforge.parallel.dims import AXES, ParallelDims
@@ -145,6 +145,13 @@ def pipeline_plan(cfg: JobConfig, dims: ParallelDims, n_layers: int) -> tuple[st
     return summary, modules, ranks
 
 
+def meta_parallelism(par: Parallelism) -> Parallelism:
+    """The options as the meta build can apply them: those that only change how a CUDA target communicates (async
+    TP, ring attention; validated for the target already) are swapped for their CPU equivalents, same sharding."""
+    impl = "allgather" if par.context_parallel_impl == "ring" else par.context_parallel_impl
+    return dataclasses.replace(par, enable_async_tensor_parallel=False, context_parallel_impl=impl)
+
+
 def only_layers(model: nn.Module, names: list[str]) -> nn.Module:
     """A shallow view of ``model`` whose ``layers`` hold just the named blocks (shared, keys kept), so that the real
     ``prune_to_stage`` deep-copies one stage's blocks rather than all of them (16 x 126 blocks of 405B took 30 s)."""
@@ -166,7 +173,7 @@ def build_parts(
         parallelize,
         dims=dims,
         mesh=mesh,
-        parallelism=dataclasses.replace(cfg.parallelism, enable_async_tensor_parallel=False),
+        parallelism=meta_parallelism(cfg.parallelism),
         training=cfg.training,
         ac=cfg.activation_checkpoint,
         compile_cfg=cfg.compile,

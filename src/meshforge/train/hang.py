@@ -36,7 +36,7 @@ import torch.distributed as dist
 HANG_EXIT_CODE = 3
 FLIGHT_RECORDER_ENTRIES = 2000
 RECENT_COLLECTIVES = 24
-POLL_SECONDS = 0.5
+POLL_SECONDS = 1.0  # one store check per rank per second while training
 PEER_GRACE_SECONDS = 20.0
 STACK_FRAMES = 40  # innermost frames per thread
 # gloo's words for a collective that timed out or lost its peer (it raises a plain RuntimeError)

@@ -14,6 +14,7 @@ import datetime
 import io
 import os
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
@@ -88,6 +89,10 @@ def rank_logging(job: Job, rank: int, world_size: int) -> Iterator[bool]:
     sys.stderr = RankStream(saved[1], file, prefix)
     try:
         yield console
+    except BaseException:
+        if file is not None:  # the caller reports it on the console once the streams are restored
+            file.write(traceback.format_exc())
+        raise
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
