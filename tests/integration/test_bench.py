@@ -84,12 +84,12 @@ def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
         png = (out / f"{name}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000, name
 
-    # Resume: nothing reruns; --force --only reruns just the named run.
-    again = bench("--config", str(matrix), "--out", str(out))
-    assert again.returncode == 0 and "0 runs to go, 3 reused" in again.stdout, again.stdout + again.stderr
-    assert json.loads((out / "results.json").read_text())["runs"][0]["finished_at"] == runs["fsdp"]["finished_at"]
-    forced = bench("--config", str(matrix), "--out", str(out), "--force", "--only", "tp_bad")
-    assert forced.returncode == 0 and "1 runs to go" in forced.stdout, forced.stdout + forced.stderr
+    # Resume: finished runs are reused; --force --only reruns just the named one.
+    again = bench("--config", str(matrix), "--out", str(out), "--force", "--only", "tp_bad")
+    assert again.returncode == 0 and "1 runs to go, 2 reused" in again.stdout, again.stdout + again.stderr
+    rerun = {r["name"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    assert list(rerun) == list(runs) and rerun["fsdp"]["finished_at"] == runs["fsdp"]["finished_at"]
+    assert rerun["fsdp_r1"]["tps_per_device"] == runs["fsdp_r1"]["tps_per_device"]
 
 
 def check_ok_runs(runs: dict[str, dict], out: Path) -> None:

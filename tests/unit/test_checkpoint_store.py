@@ -118,15 +118,7 @@ def test_keep_latest_k_and_load_step(tmp_path: Path) -> None:
     assert store.complete_steps(tmp_path / "checkpoint") == [4, 6]
     fresh = make_state(seed=2)
     fresh.loader.seed = 1
-    Checkpointer(
-        Checkpoint(enable=True, load_step=4),
-        dump_folder=str(tmp_path),
-        total_steps=10,
-        info={},
-        device=torch.device("cpu"),
-        timeout_s=60,
-        console=False,
-    ).load(fresh)
+    checkpointer(tmp_path, load_step=4).load(fresh)
     assert fresh.step == 4
     message = load_error_with(tmp_path, load_step=2)
     assert "checkpoint.load_step = 2" in message and "[4, 6]" in message
@@ -182,15 +174,7 @@ def test_crafted_metadata_is_not_executed(tmp_path: Path) -> None:
     (path / ".metadata").write_bytes(pickle.dumps(Exploit()))
     state = make_state(seed=2)
     with pytest.raises(ValueError, match=r"\.metadata is unreadable .*not a DCP metadata type"):
-        Checkpointer(
-            Checkpoint(initial_load_path=str(path)),
-            dump_folder=str(tmp_path),
-            total_steps=10,
-            info={},
-            device=torch.device("cpu"),
-            timeout_s=60,
-            console=False,
-        ).load(state)
+        checkpointer(tmp_path, enable=False, initial_load_path=str(path)).load(state)
     assert not marker.exists()
 
 
@@ -239,3 +223,16 @@ def test_model_view_of_pipeline_stages_has_the_full_names() -> None:
     optimizer = build_optimizer(stages, Optimizer())  # one optimizer over both stages, as the loop builds it
     keys = get_optimizer_state_dict(view, optimizer, options=FLAT)
     assert "state.layers.7.attention.wq.weight.exp_avg" in keys and "state.tok_embeddings.weight.step" in keys
+
+
+def test_initial_weights_from_hugging_face_or_a_checkpoint_folder(tmp_path: Path) -> None:
+    from meshforge.train import hf_interop
+
+    source, _ = saved(tmp_path / "run")
+    weights = {k: v.detach().clone() for k, v in get_model_state_dict(source.model_parts[0]).items()}
+    hf_interop.save_hf(weights, source.model_args, tmp_path / "hf", dtype="float32")
+    for path in (tmp_path / "hf", tmp_path / "run/checkpoint"):  # a folder of step-N: its latest step
+        fresh = make_state(seed=2)
+        checkpointer(tmp_path / "new", enable=False, initial_load_path=str(path)).load(fresh)
+        got = get_model_state_dict(fresh.model_parts[0])
+        assert fresh.step == 0 and all(torch.equal(got[k], weights[k]) for k in weights)

@@ -56,7 +56,7 @@ def bar_plot(results: dict[str, Any], path: Path, key: str, xlabel: str, better:
     top = max([*values, *highs], default=0.0) or 1.0
     for i, r in enumerate(records):
         text = f"{values[i]:,.3g}" if r["status"] == "ok" else r["status"]
-        ax.text(values[i] + 0.01 * top, i, text, va="center", fontsize=8)
+        ax.text(max(values[i], highs[i]) + 0.01 * top, i, text, va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.18)
@@ -114,6 +114,7 @@ def loss_plot(results: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(2, len(lengths), figsize=(5.5 * len(lengths), 6.5), squeeze=False, sharex="col")
     for col, seq in enumerate(lengths):
         curves, diffs = axes[0][col], axes[1][col]
+        curves.set_prop_cycle(color=[plt.get_cmap("tab20")(i) for i in range(20)])
         for r in (r for r in ok if r["seq_len"] == seq):
             steps, losses = zip(*r["loss_curve"], strict=True)
             (line,) = curves.plot(steps, losses, marker=".", linewidth=1, alpha=0.8, label=r["label"])

@@ -221,8 +221,10 @@ def cpu_caveats(cores: int) -> list[str]:
         "*job tokens/s* (the whole machine) as the fair total.",
         "- Collectives go through gloo on one host (shared memory / loopback TCP) and cost far more relative to the "
         "tiny model's compute than NCCL on NVLink does for an 8B model, so communication-heavy layouts (TP, CP) "
-        "look worse here than on GPUs; the pipeline bubble is the same arithmetic as on GPUs. MFU is against a "
-        "measured CPU matmul peak, not a datasheet.",
+        "look worse here than on GPUs. A pipeline rank waiting in the bubble hands its core to another rank, so "
+        "the bubble (still measured: Bubble %) costs less time here than on GPUs, where an idle GPU is wasted. "
+        "torch.compile gains little on a CPU, and CPUs have no Float8 matmuls (a Float8 run here is emulated or "
+        "slow). MFU is against a CPU matmul peak measured at start-up, not a datasheet.",
     ]
 
 

@@ -240,7 +240,7 @@ def make_record(
     tps, iqr = median_spread([m["tps"] for m in measured])
     record: dict[str, Any] = {
         "name": run.name,
-        "label": run.describe(),
+        "label": run.describe() + (f", seq {run.seq_len}" if run.seq_len and run.seq_len != matrix.seq_len else ""),
         "group": run.group,
         "layout": run.layout(),
         "flags": matrix.flags_of(run),

@@ -290,7 +290,7 @@ class Checkpointer:
             if "cuda" in generators:
                 torch.cuda.set_rng_state(generators["cuda"], self.device)
         else:
-            self._say("generator states not restored (the world size changed); they reseed from training.seed")
+            self._say("generator states not restored (none saved for this world size); seeded from training.seed")
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 

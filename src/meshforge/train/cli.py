@@ -35,7 +35,12 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
         "train",
         *rest,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        # a restarted attempt (--max-restarts) must not inherit the dead attempt's store keys (pytorch#135712)
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
     return subprocess.call(cmd, env=env)
 
 

@@ -135,7 +135,9 @@ class HangGuard:
         if dist.is_initialized():
             from torch.distributed.distributed_c10d import _get_default_store
 
-            self.store = dist.PrefixStore("meshforge/hang/", _get_default_store())
+            # one key space per torchrun attempt: a restarted job must not see the dead attempt's failure flag
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            self.store = dist.PrefixStore(f"meshforge/hang/{attempt}/", _get_default_store())
             self.watchdog = threading.Thread(target=self._watch, name="meshforge-hang-watchdog", daemon=True)
             self.watchdog.start()
         return self
@@ -170,20 +172,39 @@ class HangGuard:
         path = self.write(origin, failure)
         written = self._wait_for_peers()
         if self.rank == 0 or failure is not None:
-            if written is None:
-                wrote = "the other ranks could not be asked: the store is gone"
-            else:
-                missing = sorted(set(range(self.world_size)) - written)
-                wrote = f"{len(written)} of {self.world_size} ranks wrote theirs"
-                wrote += f"; none from ranks {missing} (crashed or unresponsive: see their logs)" if missing else ""
-            print(
-                f"meshforge: collective failure ({origin}). What each rank was waiting for (its recent collectives "
-                f"and the Python stack of every thread): {path.parent}/rank_<R>.txt ({wrote}). Exiting with "
-                f"{HANG_EXIT_CODE}.",
-                file=sys.stderr,
-                flush=True,
-            )
+            self._announce(origin, path, written)
+        self._leave_after_rank_0()
+
+    def _announce(self, origin: str, path: Path, written: set[int] | None) -> None:
+        """The one line that says what happened and where to look."""
+        if written is None:
+            wrote = "the other ranks could not be asked: the store is gone"
+        else:
+            missing = sorted(set(range(self.world_size)) - written)
+            wrote = f"{len(written)} of {self.world_size} ranks wrote theirs"
+            wrote += f"; none from ranks {missing} (crashed or unresponsive: see their logs)" if missing else ""
+        print(
+            f"meshforge: collective failure ({origin}). What each rank was waiting for (its recent collectives "
+            f"and the Python stack of every thread): {path.parent}/rank_<R>.txt ({wrote}). Exiting with "
+            f"{HANG_EXIT_CODE}.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _leave_after_rank_0(self) -> None:
+        """Exit; other ranks first wait (bounded) for rank 0 to have printed, since a launcher such as torchrun stops
+        every rank as soon as one exits. Never returns."""
         sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            assert self.store is not None
+            if self.rank == 0:
+                self.store.set("announced", "1")
+            deadline = time.monotonic() + PEER_GRACE_SECONDS / 4
+            while self.rank != 0 and time.monotonic() < deadline and not self.store.check(["announced"]):
+                time.sleep(POLL_SECONDS / 4)
+        except Exception:  # rank 0 hosted the store and is gone: it has printed
+            pass
         os._exit(HANG_EXIT_CODE)
 
     def _raise_flag(self, reason: str) -> str:

@@ -158,6 +158,8 @@ def hf_files(path: Path) -> dict[str, Path]:
     if path.is_dir() and index.is_file():
         return {name: path / file for name, file in json.loads(index.read_text())["weight_map"].items()}
     files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no .safetensors files (a Hugging Face model folder or file was expected)")
     out = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:

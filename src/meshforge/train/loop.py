@@ -292,6 +292,7 @@ def run_job(state: TrainState) -> list[dict[str, Any]]:
         state.checkpointer.save(state, model_only=True)  # step-0: initial weights any layout can load
         state.checkpointer.close()
         return []
+    state.metrics.start(state.step)
     with observed(state) as profiler:
         records = list(run_steps(state, profiler))
     if state.checkpointer is not None:

@@ -121,12 +121,24 @@ class MetricsLogger:
             )
         if rank == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("")
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.tb = SummaryWriter(str(Path(dump_folder) / "tb"))
         reset_peak_memory(device)
+
+    def start(self, step: int) -> None:
+        """Begin logging after ``step`` (0, or the step a checkpoint resumed): metrics.jsonl keeps the records up to
+        it and drops later ones (they belong to the run that died); timing starts now, not at set-up."""
+        if self.rank == 0:
+            kept = []
+            if self.path.is_file():
+                kept = [
+                    line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step
+                ]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self.interval = Interval()
+        reset_peak_memory(self.device)
 
     def step_done(self, step: int, total: int) -> None:
         """Advance the progress bar (rank 0, interactive terminals only, when metrics.progress_bar)."""
