@@ -71,14 +71,14 @@ def root_plan(*, sequence_parallel: bool, loss_parallel: bool) -> dict[str, Para
     logits = Shard(-1) if loss_parallel else Replicate()
     if not sequence_parallel:
         return {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            "tok_embeddings": EmbeddingParallel(input_layouts=Replicate(), output_layouts=Replicate()),
             "norm": ReplicateParallel(),
             "output": ColwiseParallel(
                 input_layouts=Replicate(), output_layouts=logits, use_local_output=not loss_parallel
             ),
         }
     return {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "tok_embeddings": EmbeddingParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
         "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=logits, use_local_output=not loss_parallel),
     }
@@ -113,6 +113,23 @@ def block_plan(*, sequence_parallel: bool, float8: bool) -> dict[str, ParallelSt
         "feed_forward.w2": rowwise(output_layouts=Shard(1)),
         "feed_forward.w3": colwise(),
     }
+
+
+class EmbeddingParallel(RowwiseParallel):
+    """RowwiseParallel (vocab rows split) whose output collective completes before the output is handed on.
+
+    The stock style returns an AsyncCollectiveTensor; fed into a torch.compile'd block, its gradient reaches the
+    redistribution as a plain tensor ("'Tensor' object has no attribute '_local_tensor'", torch 2.13, TP + compile).
+    Nothing could overlap with this collective anyway: the first block needs its result at once.
+    """
+
+    @staticmethod
+    def _prepare_output_fn(
+        output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: DTensor, device_mesh: DeviceMesh
+    ) -> torch.Tensor:
+        if outputs.placements != output_layouts:
+            outputs = outputs.redistribute(placements=output_layouts, async_op=False)
+        return outputs.to_local() if use_local_output else outputs
 
 
 class ReplicateParallel(ParallelStyle):
