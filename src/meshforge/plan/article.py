@@ -6,8 +6,8 @@ open (docs/planner.md, "Reading the tables"):
   32 ran as 8 x 4 under 1F1B and 16 x 2 under interleaved 1F1B (2 stages per rank); table 4's batch 8 as 8 x 1.
 - Table 4: context parallel grows with the sequence while FSDP x CP = 8 (the report's own rows: FSDP 8/4/2, CP 1/2/4),
   with compile + Float8 + async TP as in the report's title; torch's CP then all-gathered K/V (no ring).
-- The code is TorchTitan's (``impl="torchtitan"``): selective AC saved every other matmul output (meshforge saves all
-  of them) and RoPE multiplied complex numbers.
+- The code is TorchTitan's (``impl="torchtitan"``): RoPE multiplied complex numbers; selective AC saved every other
+  matmul output (as meshforge does).
 """
 
 from __future__ import annotations

@@ -96,9 +96,9 @@ def recompute_fractions(args: ModelArgs, layout: Layout) -> tuple[float, float, 
             mm, attn, ew = mm + share, attn + share, ew + share
         elif mode == "op":
             ew += share
-            if layout.impl == "torchtitan":  # every other matmul saved: wk, wo, w3 recomputed
-                d, q, kv, f = args.dim, args.n_heads * args.head_dim, args.kv_heads * args.head_dim, args.ffn_hidden_dim
-                mm += share * (kv * d + q * d + f * d) / (2 * q * d + 2 * kv * d + 3 * f * d)
+            # every other matmul saved (meshforge and TorchTitan alike): wk, wo, w3 recomputed
+            d, q, kv, f = args.dim, args.n_heads * args.head_dim, args.kv_heads * args.head_dim, args.ffn_hidden_dim
+            mm += share * (kv * d + q * d + f * d) / (2 * q * d + 2 * kv * d + 3 * f * d)
     return mm, attn, ew
 
 
@@ -158,7 +158,7 @@ def cp_layer_comm(
     e = DTYPE_BYTES[layout.param_dtype]
     kv_bytes = tokens * 2 * args.n_heads / layout.tp * args.head_dim * e * layout.cp  # repeated K/V, whole sequence
     one = comm.all_gather(kv_bytes, layout.cp, comm.axis_link(layout, ("cp",), hw))
-    ring = layout.cp_impl == "ring" or (layout.cp_impl == "auto" and hw.spec.is_gpu)
+    ring = layout.cp_impl == "ring"  # "auto" runs the all-gather implementation (parallel/context_parallel.py)
     hidden = (attn if ring else attn / layout.cp) if hw.spec.comm_overlaps_compute else 0.0
     forward = max(0.0, one - hidden)
     backward = max(0.0, 2 * one - ATTENTION_BWD_FACTOR * hidden)

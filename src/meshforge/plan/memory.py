@@ -152,12 +152,9 @@ def activation_bytes_per_token(args: ModelArgs, layout: Layout, mode: str) -> fl
     if mode == "full":
         return e * d / tp
     if mode == "op":
-        if layout.impl == "meshforge":
-            sharded = e * (q + 2 * kv + 2 * f) + e * q + 4 * heads  # wq wk wv w1 w3 outputs, SDPA out + logsumexp
-            rowwise = 2  # wo, w2 outputs
-        else:  # TorchTitan: every other matmul (wq, wv, w1, w2) + SDPA
-            sharded = e * (q + kv + f) + e * q + 4 * heads
-            rowwise = 1
+        # every other matmul (wq, wv, w1, w2) + SDPA output and logsumexp: meshforge's policy is TorchTitan's
+        sharded = e * (q + kv + f) + e * q + 4 * heads
+        rowwise = 1
         sharded += e * d  # the checkpointed block input
         if tp > 1:  # row-parallel outputs are full-length before their (saved) reduce-scatter
             return sharded / tp + rowwise * e * d * (1 + 1 / tp)
