@@ -10,7 +10,7 @@ $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
 
 demo: $(VENV)/.ready
-	$(PY) -m meshforge train
+	$(PY) -m meshforge bench --compare-with reference
 
 lint: $(VENV)/.ready
 	$(VENV)/bin/ruff check src tests scripts

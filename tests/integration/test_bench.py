@@ -127,7 +127,8 @@ def test_list_prints_commands_and_article_figures() -> None:
     proc = bench("--config", "configs/bench/llama3_8b_8gpu.toml", "--list", "--compare-with", "reference", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "5,762" in proc.stdout and "8,532" in proc.stdout and "Table 1: FSDP + compile + Float8" in proc.stdout
-    assert proc.stdout.count("-m meshforge train --nproc 8") == 3 and "--compile.enable true" in proc.stdout
+    assert proc.stdout.count("--standalone --nproc_per_node=8 -m meshforge train") == 3
+    assert "--compile.enable true" in proc.stdout
 
 
 def test_every_shipped_matrix_loads() -> None:

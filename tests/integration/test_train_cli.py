@@ -9,21 +9,46 @@ from pathlib import Path
 
 import pytest
 
-KEYS = {"step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu_pct", "peak_memory_gib", "elapsed_s",
-        "data_loading_pct"}
+KEYS = {
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "tps",
+    "tflops",
+    "mfu_pct",
+    "peak_memory_gib",
+    "elapsed_s",
+    "data_loading_pct",
+}
 
 
 @pytest.mark.distributed
 def test_two_rank_run_learns_and_logs_every_metric(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "meshforge", "train", "--nproc", "2", "--config", "configs/tiny.toml",
-           "--training.steps", "100", "--training.local_batch_size", "4", "--job.dump_folder", str(tmp_path),
-           "--metrics.log_freq", "10"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshforge",
+        "train",
+        "--nproc",
+        "2",
+        "--config",
+        "configs/tiny.toml",
+        "--training.steps",
+        "100",
+        "--training.local_batch_size",
+        "4",
+        "--job.dump_folder",
+        str(tmp_path),
+        "--metrics.log_freq",
+        "10",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, *range(10, 101, 10)]
     for record in records:
-        assert KEYS <= set(record)
+        assert set(record) >= KEYS
         assert record["tps"] > 0 and record["tflops"] > 0 and record["peak_memory_gib"] > 0.05
         assert 0 < record["mfu_pct"] < 100
     first, last = records[0]["loss"], records[-1]["loss"]
@@ -33,6 +58,7 @@ def test_two_rank_run_learns_and_logs_every_metric(tmp_path: Path) -> None:
 
 
 def test_single_process_main_job_defaults_resolve() -> None:
-    proc = subprocess.run([sys.executable, "-m", "meshforge", "config", "show"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshforge", "config", "show"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0 and 'flavor = "debugmodel"' in proc.stdout

@@ -13,8 +13,17 @@ from meshforge.config_io import ConfigError, load_config, to_toml
 
 
 def test_article_spellings_and_bare_switches() -> None:
-    cfg = load_config(None, ["--parallelism.data_parallel_shard_degree", "8", "--compile.enable",
-                             "--quantize.dense.float8.enable", "--training.deterministic", "false"])
+    cfg = load_config(
+        None,
+        [
+            "--parallelism.data_parallel_shard_degree",
+            "8",
+            "--compile.enable",
+            "--quantize.dense.float8.enable",
+            "--training.deterministic",
+            "false",
+        ],
+    )
     assert cfg.parallelism.data_parallel_shard_degree == 8
     assert cfg.compile.enable and cfg.quantize.dense.float8.enable
     assert cfg.training.deterministic is False
@@ -85,14 +94,31 @@ def test_bad_toml_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     [
         (["--nproc", "4", "--parallelism.tensor_parallel_degree", "3"], "world size"),
         (["--nproc", "2", "--parallelism.data_parallel_shard_degree", "4"], "world size"),
-        (["--nproc", "2", "--model.flavor", "tiny", "--parallelism.tensor_parallel_degree", "2",
-          "--parallelism.data_parallel_shard_degree", "1", "--model.flavor", "debugmodel",
-          "--parallelism.tensor_parallel_degree", "32", "--parallelism.data_parallel_shard_degree", "1"], "world"),
+        (
+            [
+                "--nproc",
+                "2",
+                "--model.flavor",
+                "tiny",
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--parallelism.data_parallel_shard_degree",
+                "1",
+                "--model.flavor",
+                "debugmodel",
+                "--parallelism.tensor_parallel_degree",
+                "32",
+                "--parallelism.data_parallel_shard_degree",
+                "1",
+            ],
+            "world",
+        ),
     ],
 )
 def test_bad_layout_fails_before_starting_processes(args: list[str], named: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "meshforge", "train", *args], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshforge", "train", *args], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and named in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -96,10 +96,8 @@ def check_train_args(matrix: BenchMatrix) -> None:
     from meshforge.config_io import load_config
 
     for run in matrix.runs:
-        args = matrix.train_args(run, "unused")
-        path, rest = (args[1], args[2:]) if args[:1] == ["--config"] else (None, args)
         try:
-            load_config(path, rest)
+            load_config(*matrix.config_and_overrides(run))
         except ConfigError as exc:
             raise ConfigError(f"run {run.name!r} of {matrix.source}: {exc}") from None
 

@@ -198,6 +198,11 @@ class BenchMatrix:
             args += [f"--{key}", format_value(value)]
         return args
 
+    def config_and_overrides(self, run: BenchRun) -> tuple[str | None, list[str]]:
+        """(base config path or None, dotted overrides): what `load_config` needs to rebuild the run's config."""
+        args = self.train_args(run, "unused")
+        return (args[1], args[2:]) if self.config else (None, args)
+
     def fingerprint(self, run: BenchRun) -> str:
         """Changes whenever the run's command changes: a finished run is reused only if this matches."""
         text = json.dumps([run.ranks, self.train_args(run, "<dump>"), self.threads_per_rank, self.measured_steps])

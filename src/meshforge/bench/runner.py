@@ -44,25 +44,37 @@ class Launch:
 
 
 def command(matrix: BenchMatrix, run: BenchRun, dump_folder: str, launch: Launch) -> list[str]:
-    """The command line of one run: `python -m meshforge train --nproc N ...`, or torchrun with rendezvous."""
-    args = matrix.train_args(run, dump_folder)
+    """The command line of one run: what `meshforge train --nproc N` starts (torchrun --standalone; one process
+    without torchrun for one rank), or torchrun with a c10d rendezvous across nodes. Calling torchrun directly
+    saves a Python start per run; the layout check `--nproc` does first is done by ``layout_refusal``."""
+    args = ["-m", "meshforge", "train", *matrix.train_args(run, dump_folder)]
     nodes = launch.nodes_for(run.ranks)
+    if nodes == 1 and run.ranks == 1:
+        return [sys.executable, *args]
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
     if nodes == 1:
-        return [sys.executable, "-m", "meshforge", "train", "--nproc", str(run.ranks), *args]
+        return [*torchrun, "--standalone", f"--nproc_per_node={run.ranks}", *args]
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+        *torchrun,
         f"--nnodes={nodes}",
         f"--nproc_per_node={launch.nproc_per_node}",
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={launch.rdzv_endpoint}",
         f"--rdzv_id={matrix.name}-{run.name}",
-        "-m",
-        "meshforge",
-        "train",
         *args,
     ]
+
+
+def layout_refusal(matrix: BenchMatrix, run: BenchRun) -> str:
+    """meshforge's own verdict on the layout (degrees vs model shape and sequence length), '' if it is valid."""
+    from meshforge.config_io import ConfigError, load_config
+    from meshforge.train.cli import check_layout
+
+    try:
+        check_layout(load_config(*matrix.config_and_overrides(run)), run.ranks)
+    except ConfigError as exc:
+        return f"meshforge train: config error: {exc}"
+    return ""
 
 
 def threads_per_rank(matrix: BenchMatrix, run: BenchRun) -> int:
@@ -104,7 +116,7 @@ def run_one(
     if launch.node_rank == 0:
         metrics_path.unlink(missing_ok=True)
     cmd = command(matrix, run, str(folder), launch)
-    refusal = hardware_refusal(run, launch)
+    refusal = layout_refusal(matrix, run) or hardware_refusal(run, launch)
     if refusal:
         return make_record(matrix, run, cmd, [], 0.0, "unsupported", refusal)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank(matrix, run)), "PYTHONUNBUFFERED": "1"}
