@@ -165,6 +165,28 @@ def plan_stages(spec: ScheduleSpec, cfg: Parallelism, n_layers: int, pp: int) ->
     return stage_modules(cfg, n_layers, num_stages), spec.csv.stage_rank
 
 
+@dataclass(frozen=True)
+class PipelinePlan:
+    """The validated pipeline of a job: schedule, microbatch count, module names per stage, stage -> pp rank."""
+
+    spec: ScheduleSpec
+    n_microbatches: int
+    modules: list[list[str]]
+    stage_rank: dict[int, int]
+
+
+def plan_pipeline(
+    parallelism: Parallelism, training: Training, dims: ParallelDims, n_layers: int, compile_enabled: bool
+) -> PipelinePlan:
+    """Every pipeline check and the stage split, without building anything (used by training and the dry run)."""
+    spec = schedule_spec(parallelism.pipeline_parallel_schedule, parallelism.pipeline_parallel_schedule_csv, dims.pp)
+    n_micro = num_microbatches(training.local_batch_size, parallelism.pipeline_parallel_microbatch_size)
+    modules, ranks = plan_stages(spec, parallelism, n_layers, dims.pp)
+    check_microbatches(spec, n_micro, dims.pp, len(modules))
+    check_compatibility(spec, parallelism, dims, compile_enabled)
+    return PipelinePlan(spec, n_micro, modules, ranks)
+
+
 def build_pipeline(
     model: Transformer,
     dims: ParallelDims,
@@ -178,12 +200,8 @@ def build_pipeline(
     loss_fn: LossFn,
 ) -> Pipeline:
     """Validate the layout, build and initialise this rank's stages, and the schedule (see the module docstring)."""
-    spec = schedule_spec(parallelism.pipeline_parallel_schedule, parallelism.pipeline_parallel_schedule_csv, dims.pp)
-    n_micro = num_microbatches(training.local_batch_size, parallelism.pipeline_parallel_microbatch_size)
-    modules, ranks = plan_stages(spec, parallelism, model.args.n_layers, dims.pp)
-    check_microbatches(spec, n_micro, dims.pp, len(modules))
-    check_compatibility(spec, parallelism, dims, compile_enabled)
-
+    plan = plan_pipeline(parallelism, training, dims, model.args.n_layers, compile_enabled)
+    spec, n_micro, modules, ranks = plan.spec, plan.n_microbatches, plan.modules, plan.stage_rank
     pp_mesh = sub_mesh(mesh, "pp")
     assert pp_mesh is not None, "build_pipeline needs a mesh with a pp axis"
     pp_group, pp_rank = pp_mesh.get_group(), pp_mesh.get_local_rank()

@@ -129,20 +129,16 @@ def check_features(cfg: JobConfig, dims: ParallelDims, target: str, notes: list[
 
 def pipeline_plan(cfg: JobConfig, dims: ParallelDims, n_layers: int) -> tuple[str, list[list[str]], dict[int, int]]:
     """The real pipeline checks and split (parallel/pipeline.py): schedule, module names per stage, stage -> rank."""
-    from meshforge.parallel.pipeline import check_compatibility, plan_stages
-    from meshforge.parallel.pipeline_schedule import check_microbatches, num_microbatches, schedule_spec
+    from meshforge.parallel.pipeline import plan_pipeline
 
     par = cfg.parallelism
-    spec = schedule_spec(par.pipeline_parallel_schedule, par.pipeline_parallel_schedule_csv, dims.pp)
-    n_micro = num_microbatches(cfg.training.local_batch_size, par.pipeline_parallel_microbatch_size)
-    modules, ranks = plan_stages(spec, par, n_layers, dims.pp)
-    check_microbatches(spec, n_micro, dims.pp, len(modules))
-    check_compatibility(spec, par, dims, cfg.compile.enable)
+    plan = plan_pipeline(par, cfg.training, dims, n_layers, cfg.compile.enable)
+    modules = plan.modules
     summary = (
-        f"{len(modules)} stages, {len(modules) // dims.pp} per rank ({spec.name}), {n_micro} microbatches "
-        f"of {par.pipeline_parallel_microbatch_size}"
+        f"{len(modules)} stages, {len(modules) // dims.pp} per rank ({plan.spec.name}), {plan.n_microbatches} "
+        f"microbatches of {par.pipeline_parallel_microbatch_size}"
     )
-    return summary, modules, ranks
+    return summary, modules, plan.stage_rank
 
 
 def meta_parallelism(par: Parallelism) -> Parallelism:

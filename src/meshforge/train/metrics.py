@@ -30,9 +30,43 @@ def device_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, 
             if key in name:
                 return peak, f"{key} bf16 dense peak (datasheet)"
         return 312e12, f"unknown GPU {name!r}: assuming A100 bf16 peak"
-    return cpu_matmul_probe(
-        dtype
-    ), f"measured: CPU {dtype_name(dtype)} matmul probe, {torch.get_num_threads()} thread(s)"
+    threads = torch.get_num_threads()
+    peak = cached_cpu_peak(dtype, threads)
+    return peak, f"measured once: CPU {dtype_name(dtype)} matmul probe, {threads} thread(s), cached in {peak_cache()}"
+
+
+def peak_cache() -> Path:
+    root = os.environ.get("MESHFORGE_CACHE") or Path.home() / ".cache" / "meshforge"
+    return Path(root) / "cpu_peak.json"
+
+
+def cached_cpu_peak(dtype: torch.dtype, threads: int) -> float:
+    """The CPU matmul peak for (cpu model, dtype, threads), probed once per machine and cached, so that MFU of every
+    run compares: a probe taken while other ranks start up would measure the load, not the CPU. Ranks take a file
+    lock, so only the first one probes (alone) and the others read its figure."""
+    import fcntl
+    import platform
+
+    path = peak_cache()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = f"{cpu_model() or platform.machine()}|{dtype_name(dtype)}|{threads}"
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        table = json.loads(path.read_text()) if path.is_file() else {}
+        if key not in table:
+            table[key] = cpu_matmul_probe(dtype, seconds=1.0)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(table, indent=1))
+            os.replace(tmp, path)
+    return float(table[key])
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return ""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
