@@ -62,3 +62,24 @@ def test_single_process_main_job_defaults_resolve() -> None:
         [sys.executable, "-m", "meshforge", "config", "show"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0 and 'flavor = "debugmodel"' in proc.stdout
+
+
+def test_tensorboard_events_and_missing_wandb_is_a_clear_error(tmp_path: Path) -> None:
+    from meshforge.cli import main
+
+    args = ["train", "--config", "configs/tiny.toml", "--training.steps", "2", "--training.seq_len", "32"]
+    assert main([*args, "--job.dump_folder", str(tmp_path / "tb"), "--metrics.enable_tensorboard"]) == 0
+    assert list((tmp_path / "tb" / "tb").glob("events.out.tfevents.*"))
+    try:
+        import wandb  # noqa: F401
+
+        pytest.skip("wandb is installed here")
+    except ImportError:
+        pass
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshforge", *args, "--job.dump_folder", str(tmp_path / "wb"), "--metrics.enable_wandb"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "pip install wandb" in proc.stderr and "Traceback" not in proc.stderr

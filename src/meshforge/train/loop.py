@@ -157,6 +157,7 @@ def build_metrics(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, args: Mo
         device=ctx.device,
         tensorboard=cfg.metrics.enable_tensorboard,
         progress_bar=cfg.metrics.progress_bar,
+        wandb=cfg.metrics.enable_wandb,
     )
 
 

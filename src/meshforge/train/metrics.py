@@ -136,6 +136,7 @@ class MetricsLogger:
         device: torch.device,
         tensorboard: bool,
         progress_bar: bool = False,
+        wandb: bool = False,
     ) -> None:
         self.rank, self.console, self.device = rank, console, device
         self.flops_per_token, self.peak_flops, self.peak_source = flops_per_token, peak_flops, peak_source
@@ -145,6 +146,7 @@ class MetricsLogger:
         self.path = Path(dump_folder) / "metrics.jsonl"
         self.t0 = time.perf_counter()
         self.tb: Any = None
+        self.wandb: Any = None
         self.progress: Any = None
         self.task: Any = None
         if progress_bar and console and sys.stdout.isatty():
@@ -155,6 +157,7 @@ class MetricsLogger:
             )
         if rank == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.wandb = start_wandb(dump_folder) if wandb else None
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -216,6 +219,8 @@ class MetricsLogger:
         if self.rank == 0:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+            if self.wandb is not None:
+                self.wandb.log({k: v for k, v in record.items() if v is not None}, step=step)
             if self.tb is not None:
                 for key, value in record.items():
                     if isinstance(value, int | float) and key != "step":
@@ -227,6 +232,8 @@ class MetricsLogger:
         return record
 
     def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
         if self.progress is not None and self.task is not None:
             self.progress.stop()
         if self.tb is not None:
@@ -260,3 +267,15 @@ def logging_ranks(spec: str, world_size: int) -> set[int]:
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
+
+
+def start_wandb(dump_folder: str) -> Any:
+    """A Weights & Biases run (rank 0); project from $WANDB_PROJECT (default "meshforge"), offline with WANDB_MODE."""
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError(
+            "metrics.enable_wandb = true needs the wandb package: pip install wandb (and wandb login)"
+        ) from None
+    project = os.environ.get("WANDB_PROJECT", "meshforge")
+    return wandb.init(project=project, dir=dump_folder, name=os.environ.get("WANDB_RUN_NAME"))
