@@ -37,6 +37,8 @@ class Observation:
     layout: Layout
     tps_per_device: float
     peak_memory_gib: float | None
+    emulated: bool = False
+    """Float8 emulated in high precision (a CPU run): its time is not Float8's, so it is reported but not fitted."""
 
 
 def read_results(path: Path) -> list[Observation]:
@@ -88,6 +90,7 @@ def observation(record: dict[str, Any], path: Path) -> Observation:
             layout,
             float(record["tps_per_device"]),
             float(memory) if memory else None,
+            bool(flags.get("float8_emulate", False)) and layout.float8,
         )
     except KeyError as exc:
         raise ConfigError(f"--calibrate {path}: a run lacks the key {exc.args[0]!r}") from None
@@ -97,7 +100,7 @@ def observation(record: dict[str, Any], path: Path) -> Observation:
 
 def fit(obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str] = TIME_CONSTANTS) -> HardwareProfile:
     """The profile with ``names`` fitted to the runs' throughput and the memory constants to their peaks."""
-    return fit_memory(obs, fit_time(obs, hw, names))
+    return fit_memory(obs, fit_time([o for o in obs if not o.emulated], hw, names))
 
 
 def fit_time(obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str]) -> HardwareProfile:
@@ -200,6 +203,7 @@ def compare(obs: Sequence[Observation], hw: HardwareProfile) -> list[dict[str, A
             "tps_measured": o.tps_per_device,
             "tps_predicted": est.tps_per_device,
             "tps_error": est.tps_per_device / o.tps_per_device - 1,
+            "emulated": o.emulated,
         }
         if o.peak_memory_gib:
             row |= {

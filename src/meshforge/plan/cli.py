@@ -133,6 +133,13 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
         )
         print(
             f"| {row['name']} | {row['layout']} | {row['tps_measured']:,.1f} | {row['tps_predicted']:,.1f} | "
-            f"{row['tps_error']:+.1%} | {mem} |"
+            f"{row['tps_error']:+.1%}{' (emulated Float8: not fitted)' if row['emulated'] else ''} | {mem} |"
         )
+    fitted_rows = [r for r in after if not r["emulated"]]
+    within = sum(abs(r["tps_error"]) <= 0.25 for r in fitted_rows)
+    mem_rows = [r for r in after if "memory_error" in r]
+    mem_within = sum(abs(r["memory_error"]) <= 0.25 for r in mem_rows)
+    print(
+        f"\nwithin 25 %: throughput {within} of {len(fitted_rows)} fitted runs, memory {mem_within} of {len(mem_rows)}"
+    )
     return 0
