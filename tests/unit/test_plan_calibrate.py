@@ -146,3 +146,26 @@ def test_calibration_text_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["plan", "--calibrate", str(results), "--hardware", str(hw_file), "--out", str(out_file)]) == 0
     text = capsys.readouterr().out
     assert str(out_file) in text and "| fsdp4 |" in text and out_file.is_file()
+
+
+def test_cpu_time_sharing_counts_busy_ranks_and_log_latency() -> None:
+    """Pipeline ranks idle in the bubble lend their cores; a CPU collective pays log2(n) scheduler hand-offs."""
+    from meshforge.plan import comm
+
+    assert SPEC.oversubscription(4, 1) == 2.0
+    assert SPEC.oversubscription(4, 1, busy=0.5) == 1.0  # half the ranks runnable fill the 2 cores exactly
+    assert replace(SPEC, node_cores=0).oversubscription(8, 1, busy=0.5) == 1.0  # GPUs: never time-shared
+    cpu_link = comm.Link(1e9, 1e-3, True, log_steps=True)
+    gpu_link = comm.Link(1e9, 1e-3, True)
+    assert comm.all_gather(8.0, 8, cpu_link) == pytest.approx(7e-9 + 3e-3)
+    assert comm.all_gather(8.0, 8, gpu_link) == pytest.approx(7e-9 + 7e-3)
+    hw = HardwareProfile(SPEC, CPU_EFFICIENCY)
+    pp = with_stages(
+        Layout(flavor="debugmodel", seq_len=128, local_batch_size=4, pp=4, param_dtype="float32", threads_per_rank=1),
+        get_flavor("debugmodel"),
+    )
+    est = estimate(pp, hw)  # 1F1B, 4 microbatches: bubble 3/4, busy 4/7 -> 4 x 4/7 / 2 cores = 8/7
+    alone = estimate(pp, HardwareProfile(replace(SPEC, node_cores=1024), CPU_EFFICIENCY))  # a core per rank
+    assert est.time["compute"] == pytest.approx(alone.time["compute"] * 8 / 7)
+    assert est.time["pipeline_bubble"] == pytest.approx(0.75 * est.time["compute"])
+    assert comm.axis_link(pp, ("pp",), hw).log_steps

@@ -8,6 +8,7 @@ ranks, with everything inside it, fit in one host talks over NVLink, otherwise o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshforge.plan.hardware import HardwareProfile
@@ -23,6 +24,8 @@ class Link:
     bandwidth: float
     latency: float
     intra_node: bool
+    log_steps: bool = False
+    """CPU hosts: a collective's latency is log2(n) steps, not the ring's n - 1 (see latency_steps)."""
 
 
 def axis_link(layout: Layout, axes: tuple[str, ...], hw: HardwareProfile) -> Link:
@@ -39,16 +42,24 @@ def axis_link(layout: Layout, axes: tuple[str, ...], hw: HardwareProfile) -> Lin
     for axis in AXIS_ORDER[outermost:]:
         span *= sizes[axis]
     spec, eff = hw.spec, hw.efficiency
+    cpu = not spec.is_gpu
     if span <= spec.devices_per_node:
-        return Link(spec.intra_node_bandwidth * eff.network, spec.intra_node_latency, True)
-    return Link(spec.inter_node_bandwidth * eff.network, spec.inter_node_latency, False)
+        return Link(spec.intra_node_bandwidth * eff.network, spec.intra_node_latency, True, cpu)
+    return Link(spec.inter_node_bandwidth * eff.network, spec.inter_node_latency, False, cpu)
+
+
+def latency_steps(n: int, link: Link) -> float:
+    """Latency-bound steps of an n-rank all-gather: the ring's n - 1 on GPUs; log2(n) on CPU hosts, where a step's
+    cost is the scheduler handing the cores to the next rank (not a wire hop) and the ranks of a group are woken
+    together, so it grows like a tree's depth. Measured on the 2-core bench (docs/planner.md, "CPU hosts")."""
+    return math.log2(n) if link.log_steps else n - 1
 
 
 def all_gather(total_bytes: float, n: int, link: Link) -> float:
     """Seconds to all-gather a buffer of ``total_bytes`` (the gathered size) over n ranks."""
     if n <= 1 or total_bytes <= 0:
         return 0.0
-    return (n - 1) / n * total_bytes / link.bandwidth + (n - 1) * link.latency
+    return (n - 1) / n * total_bytes / link.bandwidth + latency_steps(n, link) * link.latency
 
 
 def reduce_scatter(total_bytes: float, n: int, link: Link) -> float:

@@ -303,10 +303,12 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
     ranks = sorted({0, layout.pp - 1} | set(range(min(layout.pp, 4))))
     slowest = max((rank_time(args, layout, hw, r, k) for k in ranks), key=lambda t: t.busy)
     m = layout.num_microbatches
-    # CPU ranks whose threads outnumber the cores compute at a fraction of the speed (over = 1 on GPUs); measured on
-    # a 2-core host, pipeline ranks idling in the bubble do not speed the others up, so the bubble stretches too
-    over = hw.spec.oversubscription(layout.world_size, layout.threads_per_rank)
-    bubble = schedules.bubble_ratio(layout) * m * slowest.busy * over
+    # CPU ranks whose threads outnumber the cores compute at a fraction of the speed (over = 1 on GPUs). A rank idle
+    # in the pipeline bubble sleeps in a blocking receive, so only the busy share 1 / (1 + bubble) of the ranks
+    # competes for the cores; the bubble itself is the other stages computing at that same shared speed
+    ratio = schedules.bubble_ratio(layout)
+    over = hw.spec.oversubscription(layout.world_size, layout.threads_per_rank, busy=1 / (1 + ratio))
+    bubble = ratio * m * slowest.busy * over
     numel = local_param_numel(args, layout, slowest.parts)
     times = {
         "compute": m * slowest.compute * over,

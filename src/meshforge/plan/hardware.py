@@ -80,12 +80,13 @@ class HardwareSpec:
             return 1.0
         return (threads_per_rank or self.probe_threads) / self.probe_threads
 
-    def oversubscription(self, world_size: int, threads_per_rank: int = 0) -> float:
-        """How many times the ranks' threads outnumber the node's cores (>= 1; 1 on GPUs)."""
+    def oversubscription(self, world_size: int, threads_per_rank: int = 0, busy: float = 1.0) -> float:
+        """How many times the runnable rank threads outnumber the node's cores (>= 1; 1 on GPUs), each rank
+        counted for the ``busy`` share of the step it computes (a rank blocked in a pipeline bubble sleeps)."""
         if not self.node_cores:
             return 1.0
         ranks = min(world_size, self.devices_per_node)
-        return max(1.0, ranks * (threads_per_rank or self.probe_threads) / self.node_cores)
+        return max(1.0, ranks * busy * (threads_per_rank or self.probe_threads) / self.node_cores)
 
     def device_memory_gib(self, world_size: int) -> float:
         """Memory one rank may use: the device's, or its share of the host's on CPU."""
