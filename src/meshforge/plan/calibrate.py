@@ -20,9 +20,10 @@ from meshforge.plan.estimate import Estimate, estimate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, normalize_schedule, with_stages
 
-TIME_CONSTANTS = ("matmul", "memory_bandwidth", "network", "intra_node_latency")
-"""What --calibrate fits by default: compute, element-wise and communication efficiency, and the per-step latency of
-collectives inside a node (on an oversubscribed CPU host, the scheduler's, not the wire's)."""
+TIME_CONSTANTS = ("matmul", "memory_bandwidth", "network", "intra_node_latency", "stage_overhead")
+"""What --calibrate fits by default: compute, element-wise and communication efficiency, the per-step latency of
+collectives inside a node (on an oversubscribed CPU host, the scheduler's, not the wire's) and the host time of a
+pipeline action (zero on GPU presets, so fitting leaves it there)."""
 
 
 LOG_RANGE = math.log(100.0)

@@ -43,9 +43,11 @@ def axis_link(layout: Layout, axes: tuple[str, ...], hw: HardwareProfile) -> Lin
         span *= sizes[axis]
     spec, eff = hw.spec, hw.efficiency
     cpu = not spec.is_gpu
+    # CPU hosts: a step's latency is waiting for a core, which grows with the runnable ranks per core
+    wait = spec.oversubscription(layout.world_size, layout.threads_per_rank) if cpu else 1.0
     if span <= spec.devices_per_node:
-        return Link(spec.intra_node_bandwidth * eff.network, spec.intra_node_latency, True, cpu)
-    return Link(spec.inter_node_bandwidth * eff.network, spec.inter_node_latency, False, cpu)
+        return Link(spec.intra_node_bandwidth * eff.network, spec.intra_node_latency * wait, True, cpu)
+    return Link(spec.inter_node_bandwidth * eff.network, spec.inter_node_latency * wait, False, cpu)
 
 
 def latency_steps(n: int, link: Link) -> float:
@@ -73,5 +75,9 @@ def all_reduce(total_bytes: float, n: int, link: Link) -> float:
 
 
 def p2p(num_bytes: float, link: Link) -> float:
-    """Seconds to send one message to a neighbour."""
-    return num_bytes / link.bandwidth + link.latency if num_bytes > 0 else 0.0
+    """Seconds to send one message to a neighbour. On CPU hosts a link's latency is the wait until all ranks of a
+    collective hold a core at once; a pipeline send is a copy to one receiver, whose host work the pipeline's
+    per-action overhead counts on the cores (HardwareSpec.stage_overhead), so only the copy remains here."""
+    if num_bytes <= 0:
+        return 0.0
+    return num_bytes / link.bandwidth + (0.0 if link.log_steps else link.latency)

@@ -14,9 +14,9 @@ from typing import Any
 
 from meshforge.config_io import ConfigError
 from meshforge.model.flavors import ModelArgs, flops_per_token, get_flavor
-from meshforge.plan import comm, schedules
+from meshforge.plan import comm
 from meshforge.plan.hardware import HardwareProfile
-from meshforge.plan.layout import Layout, check_layout
+from meshforge.plan.layout import Layout, check_layout, stage_layer_counts
 from meshforge.plan.memory import (
     DTYPE_BYTES,
     MemoryBreakdown,
@@ -29,6 +29,7 @@ from meshforge.plan.memory import (
     part_numel,
     rank_parts,
 )
+from meshforge.plan.pipeline_sim import StageCost, StepResult, simulate
 
 ATTENTION_BWD_FACTOR = 2.5
 """Flash-attention backward FLOPs over forward: it recomputes the scores (5 matmuls against 2)."""
@@ -240,14 +241,35 @@ def root_full_numel(args: ModelArgs, layout: Layout, parts: RankParts) -> int:
     return total + (part_numel(args, "head", layout.tp, 1) if parts.head else 0)
 
 
-def pp_exposed(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:
-    """Activation and gradient sends between stages, on the critical path of every microbatch."""
-    if layout.pp == 1:
-        return 0.0
+def stage_costs(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates, over: float) -> list[StageCost]:
+    """Seconds of one microbatch through each pipeline stage (its blocks, exposed TP/CP communication, and the
+    output and loss on the last), compute slowed ``over`` times; split into forward and backward like one block."""
+    counts = stage_layer_counts(args.n_layers, layout)
+    lt = layer_times(args, layout, hw, r)
+    forward_share = lt.forward / (lt.forward + lt.backward)
+    costs = []
+    for s, layers in enumerate(counts):
+        parts = RankParts(layers, s == 0, s == len(counts) - 1, (layers,))
+        compute = layers * (lt.forward + lt.backward) + head_time(args, layout, hw, r, parts)
+        total = compute * over + layers * (lt.tp_comm + lt.cp_comm)
+        costs.append(StageCost(forward_share * total, (1 - forward_share) * total))
+    return costs
+
+
+def pipeline_step(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates) -> tuple[float, StepResult]:
+    """The compute slowdown and the simulated microbatches of one step of a pipeline-parallel layout.
+
+    On a CPU host a rank waiting for its inputs sleeps in a blocking receive, so only the busy ranks compete for the
+    cores: the slowdown follows the busy share of a first simulation at full speed (GPUs: no slowdown)."""
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
     message = tokens * args.dim * DTYPE_BYTES[layout.param_dtype] / layout.tp
-    one = comm.p2p(message, comm.axis_link(layout, ("pp",), hw))
-    return 2 * layout.stages_per_rank * layout.num_microbatches * one
+    send = comm.p2p(message, comm.axis_link(layout, ("pp",), hw))
+    spec = hw.spec
+    over = 1.0
+    if spec.node_cores:
+        alone = simulate(layout, stage_costs(args, layout, hw, r, 1.0), send, spec.stage_overhead)
+        over = spec.oversubscription(layout.world_size, layout.threads_per_rank, busy=alone.mean_busy / alone.makespan)
+    return over, simulate(layout, stage_costs(args, layout, hw, r, over), send, spec.stage_overhead * over)
 
 
 @dataclass
@@ -303,22 +325,24 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
     ranks = sorted({0, layout.pp - 1} | set(range(min(layout.pp, 4))))
     slowest = max((rank_time(args, layout, hw, r, k) for k in ranks), key=lambda t: t.busy)
     m = layout.num_microbatches
-    # CPU ranks whose threads outnumber the cores compute at a fraction of the speed (over = 1 on GPUs). A rank idle
-    # in the pipeline bubble sleeps in a blocking receive, so only the busy share 1 / (1 + bubble) of the ranks
-    # competes for the cores; the bubble itself is the other stages computing at that same shared speed
-    ratio = schedules.bubble_ratio(layout)
-    over = hw.spec.oversubscription(layout.world_size, layout.threads_per_rank, busy=1 / (1 + ratio))
-    bubble = ratio * m * slowest.busy * over
+    tp, cp = m * slowest.tp, m * slowest.cp
+    if layout.pp > 1:  # the busiest rank of the simulated schedule; idle time is sends on the critical path or bubble
+        over, sim = pipeline_step(args, layout, hw, r)
+        sends = min(sim.exposed_sends, sim.makespan - sim.busy)
+        compute, bubble = sim.busy - tp - cp, sim.makespan - sim.busy - sends
+    else:
+        over = hw.spec.oversubscription(layout.world_size, layout.threads_per_rank)
+        compute, sends, bubble = m * slowest.compute * over, 0.0, 0.0
     numel = local_param_numel(args, layout, slowest.parts)
     times = {
-        "compute": m * slowest.compute * over,
-        "exposed_tp_comm": m * slowest.tp,
-        "exposed_cp_comm": m * slowest.cp,
+        "compute": compute,
+        "exposed_tp_comm": tp,
+        "exposed_cp_comm": cp,
         "exposed_fsdp_comm": fsdp_exposed(args, layout, hw, slowest),
-        "exposed_pp_comm": pp_exposed(args, layout, hw),
+        "exposed_pp_comm": sends,
         "pipeline_bubble": bubble,
-        "optimizer": numel * OPTIMIZER_TRAFFIC_PER_PARAM / r.memory * over,
     }
+    times["optimizer"] = numel * OPTIMIZER_TRAFFIC_PER_PARAM / r.memory * over
     step = sum(times.values())
     tps = layout.tokens_per_device_step / step
     spec = hw.spec

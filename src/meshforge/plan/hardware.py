@@ -35,7 +35,7 @@ class Efficiency:
     """Element-wise kernels (norms, RoPE, SwiGLU, loss, optimizer) as a fraction of the memory bandwidth."""
     network: float = 0.80
     """Collective bus bandwidth as a fraction of the link bandwidth (nccl-tests on NVLink 4 / 400G RDMA: ~0.8)."""
-    async_tp_overlap: float = 0.25
+    async_tp_overlap: float = 0.23
     """Fraction of tensor-parallel communication that async TP (micro-pipelined matmuls) hides."""
     allocator_overhead: float = 0.10
     """Caching-allocator slack: reserved / allocated - 1 at the peak (fragmentation, per-stream pools)."""
@@ -73,6 +73,9 @@ class HardwareSpec:
     comm_overlaps_compute: bool = True
     """GPUs run collectives on their own engines beside compute; CPU ranks spend the same cores on gloo."""
     is_gpu: bool = True
+    stage_overhead: float = 0.0
+    """Host seconds per pipeline action (a stage's forward, backward, or either half of a split backward) besides its
+    work: the schedule runtime and one autograd traversal. Hidden behind queued kernels on GPUs; ~1 ms on CPU hosts."""
 
     def thread_scale(self, threads_per_rank: int = 0) -> float:
         """Multiplier on the probed peaks for one rank running alone: its threads over the probe's (1 on GPUs)."""
@@ -173,6 +176,9 @@ PRESETS: dict[str, HardwareSpec] = {
 # per direction and ~100 us per message; `meshforge plan --calibrate` refits both (docs/planner.md).
 CPU_GLOO_BANDWIDTH = 1.0e9
 CPU_GLOO_LATENCY = 100e-6
+CPU_STAGE_OVERHEAD = 1e-3
+"""Starting value: a split backward (input then weight gradients) of two debugmodel blocks took 1.5-3 ms longer than
+one full backward on this 2-core host at every size tried (docs/planner.md, "CPU hosts"); calibration fits it."""
 # Starting values for --calibrate on CPU hosts (rough guesses relative to the probe; nothing published to fit them to).
 CPU_EFFICIENCY = Efficiency(
     matmul=0.8,
@@ -287,6 +293,7 @@ def cpu_spec() -> HardwareSpec:
         probe_threads=threads,
         comm_overlaps_compute=False,
         is_gpu=False,
+        stage_overhead=CPU_STAGE_OVERHEAD,
     )
 
 

@@ -1,0 +1,241 @@
+"""One pipeline step, simulated: every pipeline rank's actions in its schedule's order, their dependencies and the
+time a send takes between ranks. Pure Python.
+
+Closed-form bubbles ((p-1)/m, (p-1)/(v m), ...; schedules.py) assume sends are free and every action costs only its
+work. When a send or an action's host overhead costs as much as a stage's work (small microbatches, slow links, a CPU
+host) they interact with the bubble in ways no sum captures: GPipe streams its forwards and pays the latency only while
+filling and draining, 1F1B pays it in every steady-state round trip, interleaving doubles the hops but also the work in
+flight. So the planner runs the schedule:
+
+- Orders: each rank runs its actions in the order torch.distributed.pipelining lists them (GPipe, looped BFS: all
+  forwards, then all backwards; 1F1B and interleaved 1F1B: warm-up forwards, then a forward and a backward in turn,
+  then the remaining backwards, microbatches in rounds of p through the local stages, Narayanan et al. 2021; ZB-V's
+  phases, Qi et al. 2024; interleaved zero bubble: interleaved 1F1B whose weight-gradient halves trail the
+  input-gradient halves by ``rank`` actions). DualPipeV runs ZB-V's order (its overlap of one chunk's forward with the
+  other's backward is not modelled). tests/unit/test_plan_pipeline_sim.py checks the orders against torch's.
+- Dependencies: a forward of (stage s, microbatch j) needs stage s-1's forward of j; a backward (the input-gradient
+  half in zero-bubble schedules) needs its own forward and stage s+1's backward of j; a weight-gradient half needs its
+  input-gradient half. Crossing ranks adds the send time.
+- An action starts when its rank is free and its inputs have arrived; the step ends with the last action.
+
+With free sends and no overhead the simulated bubble equals the closed form whenever m is a multiple of p.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from meshforge.plan.layout import SPLIT_BACKWARD, V_SHAPED, Layout, stages_of_rank
+
+FORWARD, BACKWARD, WEIGHT = 0, 1, 2
+Action = tuple[int, int, int]
+"""(kind, stage, microbatch)."""
+WEIGHT_SHARE = 0.5
+"""Share of a backward that is weight gradients (dW = dY^T X against dX = dY W^T: one matmul each per linear)."""
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Seconds of one microbatch through one stage: forward, backward (input and weight gradients together)."""
+
+    forward: float
+    backward: float
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The simulated step: its wall time, the busy time of the busiest and of the mean rank, and the time the sends on
+    its critical path take (the chain of actions, each waiting for the one before, that ends last)."""
+
+    makespan: float
+    busy: float
+    mean_busy: float
+    exposed_sends: float
+
+
+def spell(action: Action, split: bool) -> str:
+    """torch's spelling of an action: 3F1 = stage 3 forward of microbatch 1; B, I (input grads), W (weight grads)."""
+    kind, s, j = action
+    return f"{s}{'F' if kind == FORWARD else 'W' if kind == WEIGHT else 'I' if split else 'B'}{j}"
+
+
+def rank_order(layout: Layout, rank: int) -> list[Action]:
+    """Every action of ``rank`` in the order its schedule runs it."""
+    p, m, v = layout.pp, layout.num_microbatches, layout.stages_per_rank
+    local = sorted(stages_of_rank(layout, rank))
+    rounds = max(1, m // p)
+    group = m // rounds
+
+    def key(chunk: int, j: int) -> tuple[int, int, int]:
+        return (j // group, chunk, j % group)
+
+    forwards = sorted(((c, j) for c in range(v) for j in range(m)), key=lambda cj: key(*cj))
+    backwards = sorted(((c, j) for c in range(v) for j in range(m)), key=lambda cj: key(v - 1 - cj[0], cj[1]))
+    if layout.schedule == "LoopedBFS":
+        forwards.sort()
+        backwards.sort(key=lambda cj: (-cj[0], -cj[1]))
+    if layout.schedule in V_SHAPED:
+        return v_order(p, m, rank, local)
+    fwd = [(FORWARD, local[c], j) for c, j in forwards]
+    bwd = [(BACKWARD, local[c], j) for c, j in backwards]
+    if layout.schedule in ("GPipe", "LoopedBFS"):
+        return fwd + bwd
+    if layout.schedule == "1F1B":
+        warmup = min(m, p - 1 - rank)
+    else:  # torch's _get_warmup_ops: interleaved 2 per hop from the last rank, interleaved zero bubble 1
+        factor = 1 if layout.schedule == "InterleavedZeroBubble" else 2
+        warmup = min(v * m, (v - 1) * group + factor * (p - 1 - rank))
+    zero_bubble = layout.schedule in SPLIT_BACKWARD
+    order, weights = fwd[:warmup], [(WEIGHT, s, j) for _, s, j in bwd]
+    done = 0
+    for k, b in enumerate(bwd):
+        if k < len(fwd) - warmup:
+            order.append(fwd[warmup + k])
+        order.append(b)
+        if zero_bubble and k >= rank:  # weight gradients trail the input gradients by `rank` actions
+            order.append(weights[done])
+            done += 1
+    return order + (weights[done:] if zero_bubble else [])
+
+
+def v_order(p: int, m: int, rank: int, local: list[int]) -> list[Action]:
+    """ZB-V's phases (Qi et al. 2024, as torch runs them): warm up with 2 (p - rank) - 1 forwards of the first
+    chunk, then rank times a forward of each chunk, then p - rank times the second chunk's forward, backward and
+    weight gradients; in the steady state each chunk in turn does the three; cool down with the backwards left,
+    deferring weight gradients to fill the drain. Microbatches are counted as if there were at least 2 p - 1, and the
+    ones that do not exist are skipped."""
+    first, second = local
+    counters: dict[int, dict[int, int]] = {kind: {first: 0, second: 0} for kind in (FORWARD, BACKWARD, WEIGHT)}
+    count, back, weight = counters[FORWARD], counters[BACKWARD], counters[WEIGHT]
+    order: list[Action] = []
+
+    def step(kind: int, stage: int) -> None:
+        index = counters[kind]
+        if index[stage] < m:
+            order.append((kind, stage, index[stage]))
+        index[stage] += 1
+
+    n = max(2 * p - 1, m)
+    for _ in range(2 * (p - rank) - 1):
+        step(FORWARD, first)
+    for _ in range(rank):
+        step(FORWARD, second)
+        step(FORWARD, first)
+    for _ in range(p - rank):
+        step(FORWARD, second)
+        step(BACKWARD, second)
+        step(WEIGHT, second)
+    while count[second] < count[first] or count[first] < n:
+        if count[first] < n:
+            step(FORWARD, first)
+        for stage in (first, second):
+            if stage == second:
+                step(FORWARD, second)
+            step(BACKWARD, stage)
+            step(WEIGHT, stage)
+    for _ in range(rank):
+        step(BACKWARD, first)
+        step(BACKWARD, second)
+    for _ in range(p - rank):
+        step(BACKWARD, first)
+        step(WEIGHT, first)
+    while weight[second] < back[second]:
+        step(WEIGHT, second)
+    while weight[first] < back[first]:
+        step(WEIGHT, first)
+    return order
+
+
+def simulate(
+    layout: Layout,
+    costs: Sequence[StageCost],
+    latency: float,
+    overhead: float = 0.0,
+    trace: list[tuple[int, float, str]] | None = None,
+) -> StepResult:
+    """One step of ``layout``'s schedule with per-stage ``costs``, ``latency`` seconds per cross-rank send and
+    ``overhead`` seconds per action; ``trace`` collects (rank, start, action)."""
+    if len(costs) != layout.num_stages:
+        raise ValueError(f"{len(costs)} stage costs for {layout.num_stages} stages")
+    p, stages = layout.pp, len(costs)
+    plan = _compile(layout.schedule, p, layout.num_microbatches, layout.stages_per_rank)
+    share = WEIGHT_SHARE if layout.schedule in SPLIT_BACKWARD else 0.0
+    work = [overhead + c.forward for c in costs]
+    work += [overhead + (1 - share) * c.backward for c in costs]
+    work += [overhead + share * c.backward for c in costs]
+    delay = (0.0, latency)
+    end, hops = [0.0] * len(plan.steps), [0] * len(plan.steps)
+    free, busy, last = [0.0] * p, [0.0] * p, [-1] * p
+    for i, (rank, w, d1, x1, d2, x2) in enumerate(plan.steps):
+        # start after whichever comes last: the rank's previous action or an input's arrival; follow that one back
+        start, sends = free[rank], hops[last[rank]] if last[rank] >= 0 else 0
+        if d1 >= 0 and end[d1] + delay[x1] > start:
+            start, sends = end[d1] + delay[x1], hops[d1] + x1
+        if d2 >= 0 and end[d2] + delay[x2] > start:
+            start, sends = end[d2] + delay[x2], hops[d2] + x2
+        end[i] = free[rank] = start + work[w]
+        hops[i], last[rank] = sends, i
+        busy[rank] += work[w]
+        if trace is not None:
+            kind, s = divmod(w, stages)
+            trace.append((rank, start, spell((kind, s, plan.microbatch[i]), share > 0)))
+    final = max(range(len(end)), key=end.__getitem__)
+    return StepResult(end[final], max(busy), sum(busy) / p, latency * hops[final])
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A schedule's actions in an order that respects both every rank's order and the dependencies: per action
+    (rank, kind x stages + stage, first input's index or -1, 1 if it comes from another rank, second input, ditto)."""
+
+    steps: tuple[tuple[int, int, int, int, int, int], ...]
+    microbatch: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=512)
+def _compile(schedule: str, p: int, m: int, v: int) -> _Plan:
+    """Sweep the ranks, each as far as its next action's inputs are done (a search evaluates the same schedule shape
+    for many layouts, so this is done once per shape)."""
+    layout = Layout(flavor="", seq_len=1, local_batch_size=m, pp=p, schedule=schedule, stages_per_rank=v)
+    stages = p * v
+    owner = [0] * stages
+    for rank in range(p):
+        for s in stages_of_rank(layout, rank):
+            owner[s] = rank
+    orders = [rank_order(layout, rank) for rank in range(p)]
+    index: dict[Action, int] = {}
+    steps: list[tuple[int, int, int, int, int, int]] = []
+    microbatch: list[int] = []
+    position = [0] * p
+    moved = True
+    while moved:
+        moved = False
+        for rank in range(p):
+            order = orders[rank]
+            while position[rank] < len(order):
+                action = order[position[rank]]
+                deps = _inputs(action, stages - 1)
+                if any(d not in index for d in deps):
+                    break
+                links = [(index[d], int(owner[d[1]] != rank)) for d in deps] + [(-1, 0)] * (2 - len(deps))
+                kind, s, j = action
+                index[action] = len(steps)
+                steps.append((rank, kind * stages + s, *links[0], *links[1]))
+                microbatch.append(j)
+                position[rank] += 1
+                moved = True
+    if any(position[rank] < len(orders[rank]) for rank in range(p)):
+        raise RuntimeError(f"pipeline schedule {schedule} deadlocks: an order waits on a later action")
+    return _Plan(tuple(steps), tuple(microbatch))
+
+
+def _inputs(action: Action, last: int) -> list[Action]:
+    """The actions whose outputs ``action`` consumes."""
+    kind, s, j = action
+    if kind == FORWARD:
+        return [(FORWARD, s - 1, j)] if s > 0 else []
+    if kind == BACKWARD:
+        return [(FORWARD, s, j)] + ([(BACKWARD, s + 1, j)] if s < last else [])
+    return [(BACKWARD, s, j)]
