@@ -33,6 +33,7 @@ SPEC = HardwareSpec(
     probe_threads=1,
     comm_overlaps_compute=False,
     is_gpu=False,
+    stage_overhead=1e-3,
 )
 RUNS = [  # name, ranks, dp_shard, tp, pp, cp, schedule, compile, seq, global batch, flavor
     ("single", 1, 1, 1, 1, 1, "1F1B", False, 128, 4, "debugmodel"),
@@ -47,7 +48,7 @@ RUNS = [  # name, ranks, dp_shard, tp, pp, cp, schedule, compile, seq, global ba
     ("tiny_fsdp2", 2, 2, 1, 1, 1, "1F1B", False, 512, 8, "tiny"),
     ("tiny_single", 1, 1, 1, 1, 1, "1F1B", False, 512, 8, "tiny"),
 ]
-TRUTH = {"matmul": 0.5, "memory_bandwidth": 0.9, "network": 0.3, "intra_node_latency": 4e-4}
+TRUTH = {"matmul": 0.5, "memory_bandwidth": 0.9, "network": 0.3, "intra_node_latency": 4e-4, "stage_overhead": 2.5e-3}
 
 
 def record(run: tuple[Any, ...], hw: HardwareProfile) -> dict[str, Any]:
@@ -105,7 +106,7 @@ def record(run: tuple[Any, ...], hw: HardwareProfile) -> dict[str, Any]:
 def test_calibration_recovers_perturbed_constants(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     start = HardwareProfile(SPEC, CPU_EFFICIENCY)
     truth = HardwareProfile(
-        replace(SPEC, intra_node_latency=TRUTH["intra_node_latency"]),
+        replace(SPEC, intra_node_latency=TRUTH["intra_node_latency"], stage_overhead=TRUTH["stage_overhead"]),
         replace(
             CPU_EFFICIENCY,
             matmul=TRUTH["matmul"],
@@ -127,7 +128,9 @@ def test_calibration_recovers_perturbed_constants(tmp_path: Path, capsys: pytest
     fitted = load_hardware(out["profile"])
     for key in ("matmul", "memory_bandwidth", "network"):
         assert getattr(fitted.efficiency, key) == pytest.approx(TRUTH[key], rel=0.03), key
-    assert fitted.spec.intra_node_latency == pytest.approx(TRUTH["intra_node_latency"], rel=0.03)
+    # the pull toward the start (calibrate.PRIOR_WEIGHT) shows on the two constants these runs pin down least
+    for key in ("intra_node_latency", "stage_overhead"):
+        assert getattr(fitted.spec, key) == pytest.approx(TRUTH[key], rel=0.06), key
     assert fitted.efficiency.framework_gib == pytest.approx(0.5, abs=0.02)
     assert fitted.efficiency.allocator_overhead == pytest.approx(0.2, abs=0.02)
     assert len(out["runs"]) == len(RUNS)  # the failed run is skipped
@@ -148,9 +151,12 @@ def test_calibration_text_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert str(out_file) in text and "| fsdp4 |" in text and out_file.is_file()
 
 
-def test_cpu_time_sharing_counts_busy_ranks_and_log_latency() -> None:
-    """Pipeline ranks idle in the bubble lend their cores; a CPU collective pays log2(n) scheduler hand-offs."""
+def test_cpu_time_sharing_counts_busy_ranks_and_scheduler_latency() -> None:
+    """Pipeline ranks waiting for inputs lend their cores; a CPU collective pays log2(n) scheduler waits, each the
+    longer the more ranks share a core."""
     from meshforge.plan import comm
+    from meshforge.plan.estimate import pipeline_step, rates, stage_costs
+    from meshforge.plan.pipeline_sim import simulate
 
     assert SPEC.oversubscription(4, 1) == 2.0
     assert SPEC.oversubscription(4, 1, busy=0.5) == 1.0  # half the ranks runnable fill the 2 cores exactly
@@ -159,13 +165,26 @@ def test_cpu_time_sharing_counts_busy_ranks_and_log_latency() -> None:
     gpu_link = comm.Link(1e9, 1e-3, True)
     assert comm.all_gather(8.0, 8, cpu_link) == pytest.approx(7e-9 + 3e-3)
     assert comm.all_gather(8.0, 8, gpu_link) == pytest.approx(7e-9 + 7e-3)
+    assert comm.p2p(8.0, cpu_link) == pytest.approx(8e-9)  # a send's host work is the pipeline's stage_overhead
     hw = HardwareProfile(SPEC, CPU_EFFICIENCY)
-    pp = with_stages(
-        Layout(flavor="debugmodel", seq_len=128, local_batch_size=4, pp=4, param_dtype="float32", threads_per_rank=1),
-        get_flavor("debugmodel"),
+    args = get_flavor("debugmodel").with_seq_len(128)
+
+    def job(**degrees: int) -> Layout:
+        base = Layout(flavor="debugmodel", seq_len=128, local_batch_size=4, param_dtype="float32", threads_per_rank=1)
+        return with_stages(replace(base, **degrees), args)
+
+    fsdp2, fsdp8 = job(dp_shard=2), job(dp_shard=8)
+    assert comm.axis_link(fsdp8, ("dp_shard",), hw).latency == 4 * comm.axis_link(fsdp2, ("dp_shard",), hw).latency
+    pp = job(pp=4)
+    r = rates(pp, hw)
+    send = comm.p2p(128 * args.dim * 4, comm.axis_link(pp, ("pp",), hw))  # one microbatch's fp32 activations
+    alone = simulate(pp, stage_costs(args, pp, hw, r, 1.0), send, SPEC.stage_overhead)
+    share = alone.mean_busy / alone.makespan
+    assert 0.4 < share < 0.7  # 1F1B, 4 microbatches on 4 stages: about 4/7 of the step busy
+    over, sim = pipeline_step(args, pp, hw, r)
+    assert over == pytest.approx(4 * share / 2)
+    est = estimate(pp, hw)
+    assert est.step_time == pytest.approx(sum(est.time.values()))
+    assert est.time["compute"] + est.time["pipeline_bubble"] + est.time["exposed_pp_comm"] == pytest.approx(
+        sim.makespan
     )
-    est = estimate(pp, hw)  # 1F1B, 4 microbatches: bubble 3/4, busy 4/7 -> 4 x 4/7 / 2 cores = 8/7
-    alone = estimate(pp, HardwareProfile(replace(SPEC, node_cores=1024), CPU_EFFICIENCY))  # a core per rank
-    assert est.time["compute"] == pytest.approx(alone.time["compute"] * 8 / 7)
-    assert est.time["pipeline_bubble"] == pytest.approx(0.75 * est.time["compute"])
-    assert comm.axis_link(pp, ("pp",), hw).log_steps

@@ -26,6 +26,10 @@ collectives inside a node (on an oversubscribed CPU host, the scheduler's, not t
 pipeline action (zero on GPU presets, so fitting leaves it there)."""
 
 
+PRIOR_WEIGHT = 1e-3
+"""Weight of a pull toward the starting constants (squared log-multipliers): where the runs cannot tell two constants
+apart (compute and element-wise time of one model at one size) the fit stays near the start instead of wandering
+with the probe's noise; where they can, it moves the fit by well under 1 %."""
 LOG_RANGE = math.log(100.0)
 """A fitted constant stays within 100x of its starting value either way."""
 
@@ -120,7 +124,8 @@ def fit_time(obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[st
 
     def loss(x: Sequence[float]) -> float:
         p = profile_at(x)
-        return sum(math.log(estimate(o.layout, p).tps_per_device / o.tps_per_device) ** 2 for o in obs)
+        misfit = sum(math.log(estimate(o.layout, p).tps_per_device / o.tps_per_device) ** 2 for o in obs)
+        return misfit + PRIOR_WEIGHT * sum(v * v for v in x)
 
     best = nelder_mead(loss, [0.0] * len(names))
     return profile_at(best)

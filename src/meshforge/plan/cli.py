@@ -113,16 +113,25 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
     after = calibrate.compare(obs, fitted)
     out = Path(opts.out) if opts.out else path.parent / f"hardware-{hw.name}-calibrated.toml"
     save_profile(fitted, out)
+    spec_names = [k for k in calibrate.TIME_CONSTANTS if not hasattr(fitted.efficiency, k)]
+    fitted_spec = {k: getattr(fitted.spec, k) for k in spec_names}
     if opts.json:
         print(
             json.dumps(
-                {"profile": str(out), "efficiency": vars(fitted.efficiency), "runs": after, "runs_before_fit": before},
+                {
+                    "profile": str(out),
+                    "efficiency": vars(fitted.efficiency),
+                    "fitted_hardware": fitted_spec,
+                    "runs": after,
+                    "runs_before_fit": before,
+                },
                 indent=2,
             )
         )
         return 0
     print(f"fitted {len(obs)} runs of {path} on {hw.name}; profile written to {out}")
-    print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in vars(fitted.efficiency).items()))
+    constants = {**vars(fitted.efficiency), **fitted_spec}
+    print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in constants.items()))
     print("\n| run | layout | TPS measured | predicted | error | memory GiB measured | predicted | error |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for row in after:

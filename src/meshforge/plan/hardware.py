@@ -177,8 +177,9 @@ PRESETS: dict[str, HardwareSpec] = {
 CPU_GLOO_BANDWIDTH = 1.0e9
 CPU_GLOO_LATENCY = 100e-6
 CPU_STAGE_OVERHEAD = 1e-3
-"""Starting value: a split backward (input then weight gradients) of two debugmodel blocks took 1.5-3 ms longer than
-one full backward on this 2-core host at every size tried (docs/planner.md, "CPU hosts"); calibration fits it."""
+"""Starting value, fitted by calibration: on the 2-core bench host a split backward (a second autograd pass) of two
+debugmodel blocks at seq 128 costs 4-6 ms more than one full backward (scripts/probe_stage_overhead.py); gloo's
+loopback sends and the schedule's Python add host work to every action (docs/planner.md, "Hardware")."""
 # Starting values for --calibrate on CPU hosts (rough guesses relative to the probe; nothing published to fit them to).
 CPU_EFFICIENCY = Efficiency(
     matmul=0.8,
