@@ -132,3 +132,19 @@ def test_trace_and_bad_costs() -> None:
     ]
     with pytest.raises(ValueError, match="3 stage costs for 2 stages"):
         simulate(lay, [StageCost(1.0, 2.0)] * 3, 0.0)
+
+
+def test_activations_in_flight_follow_the_order() -> None:
+    """The memory model's stage-microbatches in flight, counted in torch's order, against the closed forms."""
+    p, m = 4, 8
+    assert [schedules.in_flight(layout("1F1B", p, m), r) for r in range(p)] == [4, 3, 2, 1]
+    assert [schedules.in_flight(layout("GPipe", p, m), r) for r in range(p)] == [8] * 4
+    assert [schedules.in_flight(layout("Interleaved1F1B", p, m, 2), r) for r in range(p)] == [
+        (2 - 1) * p + 2 * (p - 1 - r) + 1 for r in range(p)
+    ]
+    # zero bubble: activations stay until the weight-gradient half (torch's input-gradient pass retains the graph)
+    assert [schedules.in_flight(layout("InterleavedZeroBubble", p, m, 2), r) for r in range(p)] == [2 * p] * 4
+    assert [schedules.in_flight(layout("ZBVZeroBubble", p, m, 2), r) for r in range(p)] == [2 * p] * 4
+    # with fewer than 2p - 1 microbatches ZB-V's last rank, not its first, holds the most
+    assert [schedules.in_flight(layout("ZBVZeroBubble", p, p, 2), r) for r in range(p)] == [5, 6, 7, 8]
+    assert schedules.in_flight(layout("1F1B", 1, 4), 0) == 1

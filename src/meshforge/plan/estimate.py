@@ -1,10 +1,11 @@
 """The planner's physics: step time and memory of one job layout on one hardware profile. Pure Python, no torch.
 
-Step time of the slowest pipeline rank = microbatches x (its blocks' forward + backward + recomputation, the head, and
-the exposed tensor/context-parallel communication) x (1 + the schedule's bubble ratio) + FSDP communication that
-compute cannot hide + pipeline sends + the optimizer step. Compute is FLOPs over achieved FLOP/s (matmuls and flash
-attention separately) plus element-wise bytes over achieved memory bandwidth; communication is alpha-beta (comm.py).
-Memory is memory.py. The constants are hardware.Efficiency's; docs/planner.md derives every formula.
+Step time = the microbatches through the stages (each stage: its blocks' forward + backward + recomputation, the head,
+and the exposed tensor/context-parallel communication; under pipeline parallel the schedule is simulated with its
+sends, pipeline_sim.py) + FSDP communication that compute cannot hide + the optimizer step. Compute is FLOPs over
+achieved FLOP/s (matmuls and flash attention separately) plus element-wise bytes over achieved memory bandwidth;
+communication is alpha-beta (comm.py). Memory is memory.py. The constants are hardware.Efficiency's; docs/planner.md
+derives every formula.
 """
 
 from __future__ import annotations

@@ -234,9 +234,9 @@ class MemoryBreakdown:
 
 
 def memory(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> MemoryBreakdown:
-    """The peak over the pipeline ranks (first and last stages hold the embedding and the loss)."""
-    ranks = {0, layout.pp - 1}
-    return max((rank_memory(args, layout, hw, r) for r in ranks), key=lambda m: m.peak)
+    """The peak over the pipeline ranks (the first and last stages hold the embedding and the loss, the schedule decides
+    which rank holds the most activations)."""
+    return max((rank_memory(args, layout, hw, r) for r in range(layout.pp)), key=lambda m: m.peak)
 
 
 def rank_memory(args: ModelArgs, layout: Layout, hw: HardwareProfile, rank: int) -> MemoryBreakdown:

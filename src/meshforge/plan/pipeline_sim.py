@@ -148,6 +148,24 @@ def v_order(p: int, m: int, rank: int, local: list[int]) -> list[Action]:
     return order
 
 
+def in_flight(layout: Layout, rank: int) -> int:
+    """The most stage-microbatches whose activations ``rank`` holds at once in its schedule's order: forwards whose
+    backward has not run yet (in zero-bubble schedules, whose weight-gradient half has not: torch's input-gradient pass
+    retains the graph for it)."""
+    return _in_flight(layout.schedule, layout.pp, layout.num_microbatches, layout.stages_per_rank, rank)
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_flight(schedule: str, p: int, m: int, v: int, rank: int) -> int:
+    layout = Layout(flavor="", seq_len=1, local_batch_size=m, pp=p, schedule=schedule, stages_per_rank=v)
+    release = WEIGHT if schedule in SPLIT_BACKWARD else BACKWARD
+    held = peak = 0
+    for kind, _, _ in rank_order(layout, rank):
+        held += 1 if kind == FORWARD else -1 if kind == release else 0
+        peak = max(peak, held)
+    return peak
+
+
 def simulate(
     layout: Layout,
     costs: Sequence[StageCost],

@@ -1,5 +1,9 @@
 """Pipeline schedules in closed form: idle (bubble) time and microbatches in flight. Pure Python.
 
+The step time comes from simulating the schedule (pipeline_sim.py), which reproduces these bubbles when sends are free
+and m is a multiple of p; the closed forms remain the reference it is tested against, and in_flight sizes the
+activation memory.
+
 p = pipeline ranks, m = microbatches per step, v = stages per rank. Bubble ratios are idle time over busy time:
 GPipe / 1F1B (p-1)/m (Huang 2019, Narayanan 2019); interleaved 1F1B and looped BFS (p-1)/(v m) (Narayanan 2021);
 zero-bubble schedules split the backward into input- and weight-gradient halves and fill about two thirds of the
@@ -8,6 +12,7 @@ zero-bubble schedules split the backward into input- and weight-gradient halves 
 
 from __future__ import annotations
 
+from meshforge.plan import pipeline_sim
 from meshforge.plan.layout import Layout
 
 ZERO_BUBBLE_REMAINDER = 1 / 3
@@ -28,17 +33,10 @@ def bubble_ratio(layout: Layout) -> float:
 
 
 def in_flight(layout: Layout, rank: int) -> int:
-    """Stage-microbatches whose activations a pipeline rank holds at its peak (forwards not yet backwarded)."""
-    p, m, v = layout.pp, layout.num_microbatches, layout.stages_per_rank
-    if p == 1:
+    """Stage-microbatches whose activations a pipeline rank holds at its peak, counted in the schedule's own order
+    (pipeline_sim.in_flight). What that gives, for m a multiple of p: 1F1B p - rank; GPipe and looped BFS v m;
+    interleaved 1F1B (v-1) p + 2 (p-1-rank) + 1; interleaved zero bubble v p on every rank (a warm-up one shorter per
+    hop, weight gradients one later per hop); ZB-V 2 p on every rank once m >= 2p - 1."""
+    if layout.pp == 1:
         return 1
-    total = v * m
-    if layout.schedule in ("GPipe", "LoopedBFS"):
-        return total
-    if layout.schedule == "1F1B":
-        return min(m, p - rank)
-    if layout.schedule in ("ZBVZeroBubble", "DualPipeV"):
-        # ZB-V holds the same activation memory as 1F1B: p microbatches through the rank's layers (2p half-stages)
-        return min(total, 2 * (p - rank))
-    # Interleaved1F1B / InterleavedZeroBubble warm-up (torch.distributed.pipelining): (v-1) p + 2 (p-1-rank), +1 steady
-    return min(total, (v - 1) * p + 2 * (p - 1 - rank) + 1)
+    return pipeline_sim.in_flight(layout, rank)
