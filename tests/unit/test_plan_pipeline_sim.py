@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from meshforge.plan import schedules
-from meshforge.plan.layout import SPLIT_BACKWARD, Layout
+from meshforge.plan.layout import Layout
 from meshforge.plan.pipeline_sim import StageCost, rank_order, simulate, spell
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -43,7 +43,7 @@ def test_orders_are_torchs(schedule: str, p: int, m: int, v: int) -> None:
     lay = layout(schedule, p, m, v)
     for rank in range(p):
         theirs = [str(a) for a in ops[rank] if a is not None and a.computation_type in kinds]
-        ours = [spell(a, schedule in SPLIT_BACKWARD) for a in rank_order(lay, rank)]
+        ours = [spell(a) for a in rank_order(lay, rank)]
         assert ours == theirs, rank
 
 
@@ -51,7 +51,7 @@ def test_1f1b_order() -> None:
     """torch's visualizer mislabels 1F1B's last rank (its mock stage), so 1F1B is spelt out: p - 1 - rank warm-up
     forwards, then a forward and a backward in turn."""
     lay = layout("1F1B", 4, 6)
-    spelt = [[spell(a, False) for a in rank_order(lay, r)] for r in (0, 3)]
+    spelt = [[spell(a) for a in rank_order(lay, r)] for r in (0, 3)]
     assert spelt[0][:5] == ["0F0", "0F1", "0F2", "0F3", "0B0"]
     assert spelt[1][:4] == ["3F0", "3B0", "3F1", "3B1"]
 

@@ -22,9 +22,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
+from meshforge.plan import pipeline_sim
+
 Action = tuple[int, str, int]
 """(stage index, kind F/B/I/W, microbatch index)."""
 COST = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+"""Unit costs; a split backward's halves are each half a full one (pipeline_sim.WEIGHT_SHARE)."""
+KINDS = {"F": pipeline_sim.FORWARD, "B": pipeline_sim.BACKWARD, "I": pipeline_sim.INPUT, "W": pipeline_sim.WEIGHT}
 
 
 class BusyClock:
@@ -112,46 +116,15 @@ def single_stage_theory(pp: int, n_microbatches: int) -> float:
     return (pp - 1) / (n_microbatches + pp - 1)
 
 
-def _dependencies(action: Action, num_stages: int) -> list[tuple[int, str, int]]:
-    stage, kind, mb = action
-    if kind == "F":
-        return [(stage - 1, "F", mb)] if stage > 0 else []
-    if kind == "W":
-        return [(stage, "dX", mb)]
-    deps = [(stage, "F", mb)]
-    return [*deps, (stage + 1, "dX", mb)] if stage < num_stages - 1 else deps
-
-
 def simulate_idle_shares(order: dict[int, list[Action | None]], num_stages: int) -> list[float]:
-    """Idle share of each rank when its actions run in order with unit costs (see the module docstring).
+    """Idle share of each rank when its actions run in order with unit costs (see the module docstring), by the
+    planner's simulator (meshforge.plan.pipeline_sim), which the planner's tests check against torch's schedules.
 
     Raises ValueError naming the rank and position of the first action that can never start (a deadlock)."""
-    done: dict[tuple[int, str, int], float] = {}
     ranks = sorted(order)
-    todo = {r: [a for a in order[r] if a is not None] for r in ranks}
-    pos = dict.fromkeys(ranks, 0)
-    free = dict.fromkeys(ranks, 0.0)
-    busy = dict.fromkeys(ranks, 0.0)
-    while any(pos[r] < len(todo[r]) for r in ranks):
-        moved = False
-        for r in ranks:
-            while pos[r] < len(todo[r]):
-                stage, kind, mb = action = todo[r][pos[r]]
-                deps = _dependencies(action, num_stages)
-                if any(d not in done for d in deps):
-                    break
-                finish = max([free[r], *(done[d] for d in deps)]) + COST[kind]
-                done[(stage, "dX" if kind in "BI" else kind, mb)] = finish
-                free[r], busy[r], pos[r], moved = finish, busy[r] + COST[kind], pos[r] + 1, True
-        if not moved:
-            r = next(r for r in ranks if pos[r] < len(todo[r]))
-            stage, kind, mb = todo[r][pos[r]]
-            raise ValueError(
-                f"the pipeline schedule deadlocks: rank {r}'s action {pos[r] + 1} ({stage}{kind}{mb}) waits for work "
-                "that never happens; reorder the actions"
-            )
-    makespan = max(free.values())
-    return [1.0 - busy[r] / makespan for r in ranks]
+    orders = [[(KINDS[kind], stage, mb) for stage, kind, mb in filter(None, order[r])] for r in ranks]
+    result = pipeline_sim.simulate_orders(orders, [pipeline_sim.StageCost(COST["F"], COST["B"])] * num_stages)
+    return [1.0 - busy / result.makespan if result.makespan else 0.0 for busy in result.rank_busy]
 
 
 def compute_actions(order: dict[int, list[Any]]) -> dict[int, list[Action | None]]:

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 from meshforge.plan.layout import SPLIT_BACKWARD, V_SHAPED, Layout, stages_of_rank
 
-FORWARD, BACKWARD, WEIGHT = 0, 1, 2
+FORWARD, BACKWARD, WEIGHT, INPUT = 0, 1, 2, 3
+"""Action kinds: a forward, a full backward, and the weight- and input-gradient halves of a split backward."""
+KIND_LETTERS = "FBWI"
 Action = tuple[int, int, int]
 """(kind, stage, microbatch)."""
 WEIGHT_SHARE = 0.5
@@ -46,19 +48,27 @@ class StageCost:
 
 @dataclass(frozen=True)
 class StepResult:
-    """The simulated step: its wall time, the busy time of the busiest and of the mean rank, and the time the sends on
-    its critical path take (the chain of actions, each waiting for the one before, that ends last)."""
+    """The simulated step: its wall time, every rank's busy time, and the time the sends on its critical path take
+    (the chain of actions, each waiting for the one before, that ends last)."""
 
     makespan: float
-    busy: float
-    mean_busy: float
+    rank_busy: tuple[float, ...]
     exposed_sends: float
 
+    @property
+    def busy(self) -> float:
+        """The busiest rank's busy time."""
+        return max(self.rank_busy)
 
-def spell(action: Action, split: bool) -> str:
+    @property
+    def mean_busy(self) -> float:
+        return sum(self.rank_busy) / len(self.rank_busy)
+
+
+def spell(action: Action) -> str:
     """torch's spelling of an action: 3F1 = stage 3 forward of microbatch 1; B, I (input grads), W (weight grads)."""
     kind, s, j = action
-    return f"{s}{'F' if kind == FORWARD else 'W' if kind == WEIGHT else 'I' if split else 'B'}{j}"
+    return f"{s}{KIND_LETTERS[kind]}{j}"
 
 
 def rank_order(layout: Layout, rank: int) -> list[Action]:
@@ -79,7 +89,8 @@ def rank_order(layout: Layout, rank: int) -> list[Action]:
     if layout.schedule in V_SHAPED:
         return v_order(p, m, rank, local)
     fwd = [(FORWARD, local[c], j) for c, j in forwards]
-    bwd = [(BACKWARD, local[c], j) for c, j in backwards]
+    backward = INPUT if layout.schedule in SPLIT_BACKWARD else BACKWARD
+    bwd = [(backward, local[c], j) for c, j in backwards]
     if layout.schedule in ("GPipe", "LoopedBFS"):
         return fwd + bwd
     if layout.schedule == "1F1B":
@@ -107,8 +118,8 @@ def v_order(p: int, m: int, rank: int, local: list[int]) -> list[Action]:
     deferring weight gradients to fill the drain. Microbatches are counted as if there were at least 2 p - 1, and the
     ones that do not exist are skipped."""
     first, second = local
-    counters: dict[int, dict[int, int]] = {kind: {first: 0, second: 0} for kind in (FORWARD, BACKWARD, WEIGHT)}
-    count, back, weight = counters[FORWARD], counters[BACKWARD], counters[WEIGHT]
+    counters: dict[int, dict[int, int]] = {kind: {first: 0, second: 0} for kind in (FORWARD, INPUT, WEIGHT)}
+    count, back, weight = counters[FORWARD], counters[INPUT], counters[WEIGHT]
     order: list[Action] = []
 
     def step(kind: int, stage: int) -> None:
@@ -125,7 +136,7 @@ def v_order(p: int, m: int, rank: int, local: list[int]) -> list[Action]:
         step(FORWARD, first)
     for _ in range(p - rank):
         step(FORWARD, second)
-        step(BACKWARD, second)
+        step(INPUT, second)
         step(WEIGHT, second)
     while count[second] < count[first] or count[first] < n:
         if count[first] < n:
@@ -133,13 +144,13 @@ def v_order(p: int, m: int, rank: int, local: list[int]) -> list[Action]:
         for stage in (first, second):
             if stage == second:
                 step(FORWARD, second)
-            step(BACKWARD, stage)
+            step(INPUT, stage)
             step(WEIGHT, stage)
     for _ in range(rank):
-        step(BACKWARD, first)
-        step(BACKWARD, second)
+        step(INPUT, first)
+        step(INPUT, second)
     for _ in range(p - rank):
-        step(BACKWARD, first)
+        step(INPUT, first)
         step(WEIGHT, first)
     while weight[second] < back[second]:
         step(WEIGHT, second)
@@ -158,10 +169,9 @@ def in_flight(layout: Layout, rank: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def _in_flight(schedule: str, p: int, m: int, v: int, rank: int) -> int:
     layout = Layout(flavor="", seq_len=1, local_batch_size=m, pp=p, schedule=schedule, stages_per_rank=v)
-    release = WEIGHT if schedule in SPLIT_BACKWARD else BACKWARD
     held = peak = 0
     for kind, _, _ in rank_order(layout, rank):
-        held += 1 if kind == FORWARD else -1 if kind == release else 0
+        held += 1 if kind == FORWARD else -1 if kind in (BACKWARD, WEIGHT) else 0
         peak = max(peak, held)
     return peak
 
@@ -177,15 +187,33 @@ def simulate(
     ``overhead`` seconds per action; ``trace`` collects (rank, start, action)."""
     if len(costs) != layout.num_stages:
         raise ValueError(f"{len(costs)} stage costs for {layout.num_stages} stages")
-    p, stages = layout.pp, len(costs)
-    plan = _compile(layout.schedule, p, layout.num_microbatches, layout.stages_per_rank)
-    share = WEIGHT_SHARE if layout.schedule in SPLIT_BACKWARD else 0.0
+    plan = _compile(layout.schedule, layout.pp, layout.num_microbatches, layout.stages_per_rank)
+    return _run(plan, costs, latency, overhead, trace)
+
+
+def simulate_orders(
+    orders: Sequence[Sequence[Action]], costs: Sequence[StageCost], latency: float = 0.0, overhead: float = 0.0
+) -> StepResult:
+    """One step of any schedule given as every rank's actions in order (a CSV schedule, the runtime's own lists);
+    ValueError naming the first action that can never start if the orders deadlock."""
+    return _run(compile_orders(orders, len(costs)), costs, latency, overhead, None)
+
+
+def _run(
+    plan: _Plan,
+    costs: Sequence[StageCost],
+    latency: float,
+    overhead: float,
+    trace: list[tuple[int, float, str]] | None,
+) -> StepResult:
+    stages = len(costs)
     work = [overhead + c.forward for c in costs]
-    work += [overhead + (1 - share) * c.backward for c in costs]
-    work += [overhead + share * c.backward for c in costs]
+    work += [overhead + c.backward for c in costs]
+    work += [overhead + WEIGHT_SHARE * c.backward for c in costs]
+    work += [overhead + (1 - WEIGHT_SHARE) * c.backward for c in costs]
     delay = (0.0, latency)
     end, hops = [0.0] * len(plan.steps), [0] * len(plan.steps)
-    free, busy, last = [0.0] * p, [0.0] * p, [-1] * p
+    free, busy, last = [0.0] * plan.ranks, [0.0] * plan.ranks, [-1] * plan.ranks
     for i, (rank, w, d1, x1, d2, x2) in enumerate(plan.steps):
         # start after whichever comes last: the rank's previous action or an input's arrival; follow that one back
         start, sends = free[rank], hops[last[rank]] if last[rank] >= 0 else 0
@@ -198,9 +226,11 @@ def simulate(
         busy[rank] += work[w]
         if trace is not None:
             kind, s = divmod(w, stages)
-            trace.append((rank, start, spell((kind, s, plan.microbatch[i]), share > 0)))
+            trace.append((rank, start, spell((kind, s, plan.microbatch[i]))))
+    if not end:
+        return StepResult(0.0, tuple(busy), 0.0)
     final = max(range(len(end)), key=end.__getitem__)
-    return StepResult(end[final], max(busy), sum(busy) / p, latency * hops[final])
+    return StepResult(end[final], tuple(busy), latency * hops[final])
 
 
 @dataclass(frozen=True)
@@ -208,52 +238,53 @@ class _Plan:
     """A schedule's actions in an order that respects both every rank's order and the dependencies: per action
     (rank, kind x stages + stage, first input's index or -1, 1 if it comes from another rank, second input, ditto)."""
 
+    ranks: int
     steps: tuple[tuple[int, int, int, int, int, int], ...]
     microbatch: tuple[int, ...]
 
 
 @functools.lru_cache(maxsize=512)
 def _compile(schedule: str, p: int, m: int, v: int) -> _Plan:
-    """Sweep the ranks, each as far as its next action's inputs are done (a search evaluates the same schedule shape
-    for many layouts, so this is done once per shape)."""
+    """A search evaluates the same schedule shape for many layouts, so its plan is made once per shape."""
     layout = Layout(flavor="", seq_len=1, local_batch_size=m, pp=p, schedule=schedule, stages_per_rank=v)
-    stages = p * v
-    owner = [0] * stages
-    for rank in range(p):
-        for s in stages_of_rank(layout, rank):
-            owner[s] = rank
-    orders = [rank_order(layout, rank) for rank in range(p)]
-    index: dict[Action, int] = {}
+    return compile_orders([rank_order(layout, rank) for rank in range(p)], p * v)
+
+
+def compile_orders(orders: Sequence[Sequence[Action]], stages: int) -> _Plan:
+    """Sweep the ranks, each as far as its next action's inputs are done; ValueError on a deadlock."""
+    owner = {s: rank for rank, order in enumerate(orders) for _, s, _ in order}
+    index: dict[Action, int] = {}  # a full or input-gradient backward is indexed as BACKWARD: both pass dX on
     steps: list[tuple[int, int, int, int, int, int]] = []
     microbatch: list[int] = []
-    position = [0] * p
+    position = [0] * len(orders)
     moved = True
     while moved:
         moved = False
-        for rank in range(p):
-            order = orders[rank]
+        for rank, order in enumerate(orders):
             while position[rank] < len(order):
-                action = order[position[rank]]
-                deps = _inputs(action, stages - 1)
+                kind, s, j = order[position[rank]]
+                deps = _inputs(kind, s, j, stages - 1)
                 if any(d not in index for d in deps):
                     break
                 links = [(index[d], int(owner[d[1]] != rank)) for d in deps] + [(-1, 0)] * (2 - len(deps))
-                kind, s, j = action
-                index[action] = len(steps)
+                index[(BACKWARD if kind == INPUT else kind, s, j)] = len(steps)
                 steps.append((rank, kind * stages + s, *links[0], *links[1]))
                 microbatch.append(j)
                 position[rank] += 1
                 moved = True
-    if any(position[rank] < len(orders[rank]) for rank in range(p)):
-        raise RuntimeError(f"pipeline schedule {schedule} deadlocks: an order waits on a later action")
-    return _Plan(tuple(steps), tuple(microbatch))
+    for rank, order in enumerate(orders):
+        if position[rank] < len(order):
+            raise ValueError(
+                f"the pipeline schedule deadlocks: rank {rank}'s action {position[rank] + 1} "
+                f"({spell(order[position[rank]])}) waits for work that never happens; reorder the actions"
+            )
+    return _Plan(len(orders), tuple(steps), tuple(microbatch))
 
 
-def _inputs(action: Action, last: int) -> list[Action]:
-    """The actions whose outputs ``action`` consumes."""
-    kind, s, j = action
+def _inputs(kind: int, s: int, j: int, last: int) -> list[Action]:
+    """The actions whose outputs an action consumes (backwards indexed as BACKWARD, full or input half)."""
     if kind == FORWARD:
         return [(FORWARD, s - 1, j)] if s > 0 else []
-    if kind == BACKWARD:
+    if kind in (BACKWARD, INPUT):
         return [(FORWARD, s, j)] + ([(BACKWARD, s + 1, j)] if s < last else [])
     return [(BACKWARD, s, j)]
