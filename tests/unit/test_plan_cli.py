@@ -133,3 +133,24 @@ def test_cpu_preset_runs_a_probe(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["--world-size", "2", "--hardware", "cpu", "--json"], capsys)
     data = json.loads(out)
     assert code == 0 and data["hardware"] == "cpu" and data["tps_per_device"] > 0 and data["fits"]
+
+
+def test_timeline_shows_the_simulated_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    """--timeline draws every pipeline rank's simulated step: GPipe's forwards all precede its backwards, and the
+    last rank waits at the start for the pipeline to fill."""
+    job = [*JOB_8B, "--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "4"]
+    job += ["--parallelism.pipeline_parallel_schedule", "GPipe", "--world-size", "4", "--hardware", "h100"]
+    code, out, _ = run([*job, "--timeline"], capsys)
+    assert code == 0
+    rows = [line.split("|")[1] for line in out.splitlines() if line.strip().startswith("rank ")]
+    assert len(rows) == 4 and all(len(row) == 100 for row in rows)
+    for row in rows:
+        assert row.rindex("F") < row.index("B")
+    assert rows[3].startswith("....") and rows[0].startswith("F")
+    code, out, _ = run([*job, "--timeline", "--json"], capsys)
+    data = json.loads(out)
+    actions = data["timeline"]
+    assert len(actions) == 4 * 8 * 2  # every rank: a forward and a backward per microbatch
+    parts = data["breakdown"]["step_time_s"]
+    pipeline = sum(parts[k] for k in ("compute", "exposed_tp_comm", "exposed_cp_comm", "exposed_pp_comm"))
+    assert max(a["end_s"] for a in actions) == pytest.approx(pipeline + parts["pipeline_bubble"], abs=1e-4)

@@ -1,6 +1,7 @@
 """`meshforge plan`: predict a job's memory and throughput at any scale, search layouts, calibrate, check the article.
 
 meshforge plan [--config F] [--section.key value ...] --world-size N --hardware NAME|FILE [--json] [--search]
+               [--timeline]
 meshforge plan --calibrate DIR/results.json --hardware cpu [--out FILE] [--json]
 meshforge plan --article [--hardware h100-96gb] [--json]
 """
@@ -15,7 +16,7 @@ from typing import NoReturn
 from meshforge.config_io import ConfigError, load_config
 from meshforge.plan import article, calibrate, report
 from meshforge.plan.advisor import search
-from meshforge.plan.estimate import estimate
+from meshforge.plan.estimate import estimate, pipeline_timeline
 from meshforge.plan.hardware import HardwareProfile, load_hardware, preset_names, save_profile
 from meshforge.plan.layout import IMPLEMENTATIONS, layout_from_config
 
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibrate", metavar="RESULTS_JSON", help="fit --hardware's constants to a bench run")
     parser.add_argument("--out", help="with --calibrate: where to write the fitted profile TOML")
     parser.add_argument("--article", action="store_true", help="predicted vs published for the article's tables")
+    parser.add_argument(
+        "--timeline", action="store_true", help="also show the simulated pipeline step, one line per pipeline rank"
+    )
     parser.add_argument(
         "--impl",
         choices=IMPLEMENTATIONS,
@@ -65,7 +69,19 @@ def main(argv: list[str]) -> int:
         print(json.dumps(report.search_json(result), indent=2) if opts.json else report.format_search(result, hw))
         return 0
     est = estimate(layout, hw)
-    print(json.dumps(est.to_dict(), indent=2) if opts.json else report.format_estimate(est, hw))
+    trace = pipeline_timeline(layout, hw) if opts.timeline else []
+    if opts.json:
+        out = est.to_dict()
+        if opts.timeline:
+            out["timeline"] = [
+                {"rank": rank, "start_s": round(start, 6), "end_s": round(end, 6), "action": action}
+                for rank, start, end, action in sorted(trace, key=lambda t: (t[0], t[1]))
+            ]
+        print(json.dumps(out, indent=2))
+        return 0
+    print(report.format_estimate(est, hw))
+    if opts.timeline:
+        print("\n" + report.format_timeline(trace))
     return 0
 
 

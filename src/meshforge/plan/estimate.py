@@ -257,7 +257,23 @@ def stage_costs(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates, 
     return costs
 
 
-def pipeline_step(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates) -> tuple[float, StepResult]:
+def pipeline_timeline(layout: Layout, hw: HardwareProfile) -> list[tuple[int, float, float, str]]:
+    """The simulated pipeline step behind ``estimate``: (rank, start s, end s, action) of every action."""
+    args = get_flavor(layout.flavor).with_seq_len(layout.seq_len)
+    check_layout(layout, args)
+    trace: list[tuple[int, float, float, str]] = []
+    if layout.pp > 1:
+        pipeline_step(args, layout, hw, rates(layout, hw), trace)
+    return trace
+
+
+def pipeline_step(
+    args: ModelArgs,
+    layout: Layout,
+    hw: HardwareProfile,
+    r: Rates,
+    trace: list[tuple[int, float, float, str]] | None = None,
+) -> tuple[float, StepResult]:
     """The compute slowdown and the simulated microbatches of one step of a pipeline-parallel layout.
 
     On a CPU host a rank waiting for its inputs sleeps in a blocking receive, so only the busy ranks compete for the
@@ -270,7 +286,7 @@ def pipeline_step(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates
     if spec.node_cores:
         alone = simulate(layout, stage_costs(args, layout, hw, r, 1.0), send, spec.stage_overhead)
         over = spec.oversubscription(layout.world_size, layout.threads_per_rank, busy=alone.mean_busy / alone.makespan)
-    return over, simulate(layout, stage_costs(args, layout, hw, r, over), send, spec.stage_overhead * over)
+    return over, simulate(layout, stage_costs(args, layout, hw, r, over), send, spec.stage_overhead * over, trace)
 
 
 @dataclass

@@ -181,10 +181,10 @@ def simulate(
     costs: Sequence[StageCost],
     latency: float,
     overhead: float = 0.0,
-    trace: list[tuple[int, float, str]] | None = None,
+    trace: list[tuple[int, float, float, str]] | None = None,
 ) -> StepResult:
     """One step of ``layout``'s schedule with per-stage ``costs``, ``latency`` seconds per cross-rank send and
-    ``overhead`` seconds per action; ``trace`` collects (rank, start, action)."""
+    ``overhead`` seconds per action; ``trace`` collects (rank, start, end, action) in a dependency order."""
     if len(costs) != layout.num_stages:
         raise ValueError(f"{len(costs)} stage costs for {layout.num_stages} stages")
     plan = _compile(layout.schedule, layout.pp, layout.num_microbatches, layout.stages_per_rank)
@@ -204,7 +204,7 @@ def _run(
     costs: Sequence[StageCost],
     latency: float,
     overhead: float,
-    trace: list[tuple[int, float, str]] | None,
+    trace: list[tuple[int, float, float, str]] | None,
 ) -> StepResult:
     stages = len(costs)
     work = [overhead + c.forward for c in costs]
@@ -226,7 +226,7 @@ def _run(
         busy[rank] += work[w]
         if trace is not None:
             kind, s = divmod(w, stages)
-            trace.append((rank, start, spell((kind, s, plan.microbatch[i]))))
+            trace.append((rank, start, end[i], spell((kind, s, plan.microbatch[i]))))
     if not end:
         return StepResult(0.0, tuple(busy), 0.0)
     final = max(range(len(end)), key=end.__getitem__)

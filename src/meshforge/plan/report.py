@@ -51,6 +51,25 @@ def format_estimate(est: Estimate, hw: HardwareProfile) -> str:
     return "\n".join(lines)
 
 
+def format_timeline(trace: list[tuple[int, float, float, str]], width: int = 100) -> str:
+    """The simulated pipeline step as one line per rank: F forward, B backward, I / W the input- and weight-gradient
+    halves of a split backward, '.' waiting (bubble or sends); each column is 1/width of the step."""
+    if not trace:
+        return "timeline: no pipeline parallel in this layout"
+    makespan = max(end for _, _, end, _ in trace)
+    ranks = 1 + max(rank for rank, _, _, _ in trace)
+    rows = [["."] * width for _ in range(ranks)]
+    for rank, start, end, action in sorted(trace, key=lambda t: t[1]):
+        kind = action.strip("0123456789")
+        first = min(width - 1, int(start / makespan * width))
+        last = max(first + 1, round(end / makespan * width))
+        rows[rank][first:last] = [kind] * (last - first)
+        del rows[rank][width:]
+    lines = [f"pipeline step, simulated ({makespan * 1e3:.1f} ms; one column = {makespan / width * 1e3:.2f} ms):"]
+    lines += [f"  rank {rank:>3} |{''.join(row)}|" for rank, row in enumerate(rows)]
+    return "\n".join(lines)
+
+
 def _row(label: str, est: Estimate) -> str:
     parts = sorted(est.time.items(), key=lambda kv: -kv[1])[1:3]
     overhead = ", ".join(f"{SHORT[k]} {v / est.step_time:.0%}" for k, v in parts if v > 0)
