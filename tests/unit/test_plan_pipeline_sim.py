@@ -148,3 +148,56 @@ def test_activations_in_flight_follow_the_order() -> None:
     # with fewer than 2p - 1 microbatches ZB-V's last rank, not its first, holds the most
     assert [schedules.in_flight(layout("ZBVZeroBubble", p, p, 2), r) for r in range(p)] == [5, 6, 7, 8]
     assert schedules.in_flight(layout("1F1B", 1, 4), 0) == 1
+
+
+def test_orders_given_directly() -> None:
+    """simulate_orders (CSV and runtime lists): a send is charged by where the input was made, even when one stage's
+    microbatches run on two ranks; malformed orders are named."""
+    from meshforge.plan.pipeline_sim import BACKWARD as B
+    from meshforge.plan.pipeline_sim import FORWARD as F
+    from meshforge.plan.pipeline_sim import INPUT as I
+    from meshforge.plan.pipeline_sim import WEIGHT as W
+    from meshforge.plan.pipeline_sim import simulate_orders
+
+    costs = [StageCost(1.0, 2.0)] * 2
+    orders = [[(F, 0, 0), (B, 0, 0)], [(F, 0, 1), (F, 1, 0), (F, 1, 1), (B, 1, 0), (B, 1, 1), (B, 0, 1)]]
+    # rank 1: F01 0-1, F10 waits for rank 0's F00 (1 + 5) 6-7, F11 7-8, B10 8-10, B11 10-12, B01 12-14;
+    # rank 0: B00 waits for B10 (10 + 5) 15-17
+    assert simulate_orders(orders, costs, latency=5.0).makespan == pytest.approx(17.0)
+    for bad, match in (
+        ([[(F, 0, 0), (F, 2, 0)]], "outside 0 .. 1"),
+        ([[(F, 0, 0), (F, 0, 0)]], "repeats a pass"),
+        ([[(F, 0, 0), (F, 1, 0), (B, 1, 0), (W, 1, 0), (B, 0, 0)]], "follows a full backward"),
+        ([[(F, 0, 0), (F, 1, 0), (I, 1, 0), (B, 1, 0)]], "repeats a pass"),
+        ([[(F, 1, 0), (F, 0, 0)]], "deadlocks: rank 0's action 1 \\(1F0\\)"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            simulate_orders(bad, costs)
+    with pytest.raises(ValueError, match="pipeline_parallel_degree >= 2"):
+        simulate(layout("1F1B", 1, 4), [StageCost(1.0, 2.0)], 0.0)
+
+
+def test_gradient_accumulation_repeats_the_schedule() -> None:
+    """Each accumulation step runs the schedule again: the bubble and sends repeat, the activations in flight do not."""
+    from dataclasses import replace
+
+    from meshforge.plan.estimate import estimate
+    from meshforge.plan.hardware import load_hardware
+
+    hw = load_hardware("h100")
+    one = Layout(flavor="debugmodel", seq_len=2048, local_batch_size=8, pp=4, schedule="GPipe")
+    four = replace(one, grad_accum=4)
+    a, b = estimate(one, hw), estimate(four, hw)
+    for key in ("compute", "pipeline_bubble"):
+        assert b.time[key] == pytest.approx(4 * a.time[key])
+    assert schedules.in_flight(four, 0) == schedules.in_flight(one, 0) == 8
+    assert b.memory.activations == pytest.approx(a.memory.activations)
+
+
+def test_v_shaped_schedules_need_two_stages_per_rank() -> None:
+    from meshforge.config_io import ConfigError
+    from meshforge.model.flavors import get_flavor
+    from meshforge.plan.layout import check_layout
+
+    with pytest.raises(ConfigError, match="exactly 2 stages per rank"):
+        check_layout(layout("ZBVZeroBubble", 2, 4, 4), get_flavor("debugmodel"))

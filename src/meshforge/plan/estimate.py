@@ -344,9 +344,10 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
     m = layout.num_microbatches
     tp, cp = m * slowest.tp, m * slowest.cp
     if layout.pp > 1:  # the busiest rank of the simulated schedule; idle time is sends on the critical path or bubble
-        over, sim = pipeline_step(args, layout, hw, r)
-        sends = min(sim.exposed_sends, sim.makespan - sim.busy)
-        compute, bubble = sim.busy - tp - cp, sim.makespan - sim.busy - sends
+        over, sim = pipeline_step(args, layout, hw, r)  # one schedule step of grad_accum
+        g = layout.grad_accum
+        sends = g * min(sim.exposed_sends, sim.makespan - sim.busy)  # sends on the critical path, up to the idle time
+        compute, bubble = g * sim.busy - tp - cp, g * (sim.makespan - sim.busy) - sends
     else:
         over = hw.spec.oversubscription(layout.world_size, layout.threads_per_rank)
         compute, sends, bubble = m * slowest.compute * over, 0.0, 0.0

@@ -79,10 +79,14 @@ class Layout:
         return self.pp * self.stages_per_rank
 
     @property
+    def schedule_microbatches(self) -> int:
+        """Microbatches one pipeline schedule step runs (gradient accumulation runs the schedule once per step)."""
+        return self.local_batch_size // self.microbatch_size if self.pp > 1 else 1
+
+    @property
     def num_microbatches(self) -> int:
         """Microbatches per optimizer step on one data-parallel rank."""
-        per_accum = self.local_batch_size // self.microbatch_size if self.pp > 1 else 1
-        return per_accum * self.grad_accum
+        return self.schedule_microbatches * self.grad_accum
 
     @property
     def microbatch_sequences(self) -> int:
@@ -238,6 +242,11 @@ def check_pipeline(layout: Layout, args: ModelArgs) -> None:
     m = layout.local_batch_size // layout.microbatch_size
     if layout.schedule in ("1F1B", "DualPipeV") and m < layout.num_stages:
         raise ConfigError(f"schedule {layout.schedule} needs at least {layout.num_stages} microbatches, has {m}")
+    if layout.schedule in V_SHAPED and layout.stages_per_rank != 2:
+        raise ConfigError(
+            f"schedule {layout.schedule} needs exactly 2 stages per rank, the layout has {layout.stages_per_rank}; "
+            "change pipeline_parallel_layers_per_stage or the schedule"
+        )
     if layout.schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and m % max(1, m // layout.pp):
         raise ConfigError(f"schedule {layout.schedule} needs a microbatch count that is a multiple of pp = {layout.pp}")
     if layout.schedule in SPLIT_BACKWARD and layout.impl == "meshforge":

@@ -18,7 +18,9 @@ flight. So the planner runs the schedule:
   input-gradient half. Crossing ranks adds the send time.
 - An action starts when its rank is free and its inputs have arrived; the step ends with the last action.
 
-With free sends and no overhead the simulated bubble equals the closed form whenever m is a multiple of p.
+With free sends and no overhead the simulated bubble equals the closed form whenever m is a multiple of p (ZB-V: and
+m >= 2p - 1; with fewer its order idles more, twice the formula at m = p). Gradient accumulation runs the schedule
+once per accumulation step, so one schedule step is simulated and the estimate multiplies it.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def spell(action: Action) -> str:
 
 def rank_order(layout: Layout, rank: int) -> list[Action]:
     """Every action of ``rank`` in the order its schedule runs it."""
-    p, m, v = layout.pp, layout.num_microbatches, layout.stages_per_rank
+    p, m, v = layout.pp, layout.schedule_microbatches, layout.stages_per_rank
     local = sorted(stages_of_rank(layout, rank))
     rounds = max(1, m // p)
     group = m // rounds
@@ -163,7 +165,7 @@ def in_flight(layout: Layout, rank: int) -> int:
     """The most stage-microbatches whose activations ``rank`` holds at once in its schedule's order: forwards whose
     backward has not run yet (in zero-bubble schedules, whose weight-gradient half has not: torch's input-gradient pass
     retains the graph for it)."""
-    return _in_flight(layout.schedule, layout.pp, layout.num_microbatches, layout.stages_per_rank, rank)
+    return _in_flight(layout.schedule, layout.pp, layout.schedule_microbatches, layout.stages_per_rank, rank)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -183,11 +185,14 @@ def simulate(
     overhead: float = 0.0,
     trace: list[tuple[int, float, float, str]] | None = None,
 ) -> StepResult:
-    """One step of ``layout``'s schedule with per-stage ``costs``, ``latency`` seconds per cross-rank send and
-    ``overhead`` seconds per action; ``trace`` collects (rank, start, end, action) in a dependency order."""
+    """One schedule step of ``layout`` (one of its gradient-accumulation steps) with per-stage ``costs``, ``latency``
+    seconds per cross-rank send and ``overhead`` seconds per action; ``trace`` collects (rank, start, end, action) in
+    a dependency order."""
+    if layout.pp < 2:
+        raise ValueError("a pipeline simulation needs pipeline_parallel_degree >= 2")
     if len(costs) != layout.num_stages:
         raise ValueError(f"{len(costs)} stage costs for {layout.num_stages} stages")
-    plan = _compile(layout.schedule, layout.pp, layout.num_microbatches, layout.stages_per_rank)
+    plan = _compile(layout.schedule, layout.pp, layout.schedule_microbatches, layout.stages_per_rank)
     return _run(plan, costs, latency, overhead, trace)
 
 
@@ -252,8 +257,9 @@ def _compile(schedule: str, p: int, m: int, v: int) -> _Plan:
 
 def compile_orders(orders: Sequence[Sequence[Action]], stages: int) -> _Plan:
     """Sweep the ranks, each as far as its next action's inputs are done; ValueError on a deadlock."""
-    owner = {s: rank for rank, order in enumerate(orders) for _, s, _ in order}
     index: dict[Action, int] = {}  # a full or input-gradient backward is indexed as BACKWARD: both pass dX on
+    for rank, order in enumerate(orders):
+        _check_order(rank, order, stages)
     steps: list[tuple[int, int, int, int, int, int]] = []
     microbatch: list[int] = []
     position = [0] * len(orders)
@@ -266,7 +272,7 @@ def compile_orders(orders: Sequence[Sequence[Action]], stages: int) -> _Plan:
                 deps = _inputs(kind, s, j, stages - 1)
                 if any(d not in index for d in deps):
                     break
-                links = [(index[d], int(owner[d[1]] != rank)) for d in deps] + [(-1, 0)] * (2 - len(deps))
+                links = [(index[d], int(steps[index[d]][0] != rank)) for d in deps] + [(-1, 0)] * (2 - len(deps))
                 index[(BACKWARD if kind == INPUT else kind, s, j)] = len(steps)
                 steps.append((rank, kind * stages + s, *links[0], *links[1]))
                 microbatch.append(j)
@@ -279,6 +285,22 @@ def compile_orders(orders: Sequence[Sequence[Action]], stages: int) -> _Plan:
                 f"({spell(order[position[rank]])}) waits for work that never happens; reorder the actions"
             )
     return _Plan(len(orders), tuple(steps), tuple(microbatch))
+
+
+def _check_order(rank: int, order: Sequence[Action], stages: int) -> None:
+    """ValueError for an action outside the stages, one listed twice, or a weight pass after a full backward."""
+    seen: set[Action] = set()
+    full = {(s, j) for kind, s, j in order if kind == BACKWARD}
+    for position, action in enumerate(order, 1):
+        kind, s, j = action
+        where = f"rank {rank}'s action {position} ({spell(action)})"
+        if not 0 <= s < stages:
+            raise ValueError(f"{where} names a stage outside 0 .. {stages - 1}; renumber it")
+        if action in seen or (kind == INPUT and (s, j) in full) or (kind == BACKWARD and (INPUT, s, j) in seen):
+            raise ValueError(f"{where} repeats a pass already listed; list each pass once")
+        if kind == WEIGHT and (s, j) in full:
+            raise ValueError(f"{where} follows a full backward, which already made the weight gradients; use I and W")
+        seen.add(action)
 
 
 def _inputs(kind: int, s: int, j: int, last: int) -> list[Action]:

@@ -21,7 +21,7 @@ ZERO_BUBBLE_REMAINDER = 1 / 3
 
 def bubble_ratio(layout: Layout) -> float:
     """Idle time of a pipeline rank over its busy time in one step (0 without pipeline parallel)."""
-    p, m, v = layout.pp, layout.num_microbatches, layout.stages_per_rank
+    p, m, v = layout.pp, layout.schedule_microbatches, layout.stages_per_rank
     if p == 1:
         return 0.0
     if layout.schedule in ("GPipe", "1F1B"):
