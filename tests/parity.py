@@ -30,7 +30,7 @@ BASE = [
 
 def train_records(overrides: list[str]) -> list[dict[str, Any]]:
     """Runs inside a rank: train with BASE + overrides, return the logged records."""
-    from meshforge.config_io import load_config
+    from meshforge.config.io import load_config
     from meshforge.train.loop import train
 
     dump = tempfile.mkdtemp(prefix="meshforge-test-")

@@ -5,16 +5,16 @@ from __future__ import annotations
 import importlib
 import sys
 
-from meshforge.config_io import ConfigError
+from meshforge.config.io import ConfigError
 
 # command -> (module with `main(argv) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("meshforge.train.cli", "train a model (torchrun or --nproc N); --dry-run --world-size N checks a layout"),
-    "config": ("meshforge.config_cli", "config show [--config F] [overrides]: print the effective config"),
+    "config": ("meshforge.config.cli", "config show [--config F] [overrides]: print the effective config"),
     "bench": ("meshforge.bench.cli", "run a matrix of parallel strategies and report throughput, memory, loss"),
     "plan": ("meshforge.plan.cli", "predict memory and throughput of a layout at any scale; --search recommends one"),
     "compare-losses": ("meshforge.tools.compare_losses", "compare two runs' losses step by step"),
-    "convert": ("meshforge.train.hf_interop", "from-hf / to-hf: Hugging Face safetensors <-> meshforge checkpoints"),
+    "convert": ("meshforge.checkpoint.hf", "from-hf / to-hf: Hugging Face safetensors <-> meshforge checkpoints"),
 }
 
 

@@ -15,7 +15,7 @@ import torch
 from parity import GLOBAL_BATCH, assert_parity, losses, reference
 from torch import nn
 
-from meshforge.config import Float8
+from meshforge.config.schema import Float8
 from meshforge.parallel.float8 import apply_float8
 
 FLOAT8_RTOL = 1e-3

@@ -23,7 +23,7 @@ CKPT = ["--training.steps", str(STEPS), "--checkpoint.enable", "--checkpoint.int
 def train_tracked(dump: str, overrides: list[str], stop_at: int = 0) -> dict[str, Any]:
     """Runs inside a rank: train (stopping after ``stop_at`` when set), recording each step's loss and the sample
     ids this rank consumed."""
-    from meshforge.config_io import load_config
+    from meshforge.config.io import load_config
     from meshforge.train.loop import run_steps, setup
 
     state = setup(load_config(None, [*BASE, "--job.dump_folder", dump, *overrides]))
@@ -40,7 +40,7 @@ def train_tracked(dump: str, overrides: list[str], stop_at: int = 0) -> dict[str
 
 def create_seed(dump: str, seed: int) -> None:
     """Runs in one process: write the seed checkpoint of training.seed = seed."""
-    from meshforge.config_io import load_config
+    from meshforge.config.io import load_config
     from meshforge.train.loop import train
 
     assert (

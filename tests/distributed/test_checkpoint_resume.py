@@ -20,7 +20,7 @@ pytestmark = pytest.mark.distributed
 
 def train_losses(dump: str, overrides: list[str], stop_at: int = 0) -> dict[int, float]:
     """Runs inside a rank: train, stopping after step ``stop_at`` when set (its checkpoint is then written)."""
-    from meshforge.config_io import load_config
+    from meshforge.config.io import load_config
     from meshforge.train.loop import run_steps, setup
 
     state = setup(load_config(None, [*BASE, "--job.dump_folder", dump, *overrides]))
@@ -49,7 +49,7 @@ def test_fsdp2_async_resume_is_bitwise_exact() -> None:
 def train_then_die_in_commit(dump: str, overrides: list[str], die_at: int) -> None:
     """A single process that is SIGKILLed while saving step ``die_at``: after DCP wrote every file, before the
     checkpoint is committed (the widest window a real crash can hit)."""
-    from meshforge.train import checkpoint_store
+    from meshforge.checkpoint import store as checkpoint_store
 
     commit = checkpoint_store.commit
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from launcher import free_port, run_ranks
 
-from meshforge.config import Job, Profiling
-from meshforge.train.hang import HANG_EXIT_CODE
-from meshforge.train.logs import rank_logging
-from meshforge.train.profiling import check_window, window_action
+from meshforge.config.schema import Job, Profiling
+from meshforge.observability.hang import HANG_EXIT_CODE
+from meshforge.observability.logs import rank_logging
+from meshforge.observability.profiling import check_window, window_action
 
 TINY = [
     "--model.flavor",
@@ -36,7 +36,7 @@ TINY = [
 
 
 def _train(overrides: list[str]) -> list[dict[str, Any]]:
-    from meshforge.config_io import load_config
+    from meshforge.config.io import load_config
     from meshforge.train.loop import train
 
     return train(load_config(None, [*TINY, *overrides]))

@@ -14,12 +14,12 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-from meshforge.config import Checkpoint, LRScheduler, Optimizer
+from meshforge.config.schema import Checkpoint, LRScheduler, Optimizer
 from meshforge.model.flavors import get_flavor
 from meshforge.model.llama import build_model
-from meshforge.train import checkpoint_store as store
-from meshforge.train.checkpoint import FLAT, Checkpointer, model_view
-from meshforge.train.data import PackedDataLoader
+from meshforge.checkpoint import store as store
+from meshforge.checkpoint.dcp import FLAT, Checkpointer, model_view
+from meshforge.data.loader import PackedDataLoader
 from meshforge.train.loop import TrainState
 from meshforge.train.optim import build_lr_scheduler, build_optimizer
 
@@ -226,7 +226,7 @@ def test_model_view_of_pipeline_stages_has_the_full_names() -> None:
 
 
 def test_initial_weights_from_hugging_face_or_a_checkpoint_folder(tmp_path: Path) -> None:
-    from meshforge.train import hf_interop
+    from meshforge.checkpoint import hf as hf_interop
 
     source, _ = saved(tmp_path / "run")
     weights = {k: v.detach().clone() for k, v in get_model_state_dict(source.model_parts[0]).items()}

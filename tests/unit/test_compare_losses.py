@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from meshforge.cli import main as meshforge
-from meshforge.config_io import load_config
+from meshforge.config.io import load_config
 from meshforge.tools.compare_losses import align, differences, read_series
 
 TINY = [

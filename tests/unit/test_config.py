@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from meshforge.cli import main
-from meshforge.config_io import ConfigError, load_config, to_toml
+from meshforge.config.io import ConfigError, load_config, to_toml
 
 
 def test_article_spellings_and_bare_switches() -> None:

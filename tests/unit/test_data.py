@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from meshforge.config import Training
-from meshforge.train.data import (
+from meshforge.config.schema import Training
+from meshforge.data.loader import (
     PackedDataLoader,
     build_dataloader,
     cache_dir,
@@ -18,7 +18,7 @@ from meshforge.train.data import (
     load_tokens,
     pack_documents,
 )
-from meshforge.train.tokenizer import REPO_ROOT, Tokenizer, build_tokenizer
+from meshforge.data.tokenizer import REPO_ROOT, Tokenizer, build_tokenizer
 
 SEQ = 7
 

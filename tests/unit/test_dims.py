@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from meshforge.cli import main as cli_main
-from meshforge.config import Float8, Parallelism
+from meshforge.config.schema import Float8, Parallelism
 from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.parallel.context_parallel import resolve_cp_impl
 from meshforge.parallel.dims import ParallelDims

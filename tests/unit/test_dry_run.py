@@ -9,9 +9,9 @@ import pytest
 import torch.distributed as dist
 
 from meshforge.cli import main as meshforge
-from meshforge.config_io import load_config
+from meshforge.config.io import load_config
 from meshforge.model.flavors import ModelArgs, get_flavor, param_counts
-from meshforge.train.dry_run import PipelineRank, compress, format_report, plan
+from meshforge.tools.dry_run import PipelineRank, compress, format_report, plan
 
 
 def stage_numel(args: ModelArgs, names: list[str]) -> tuple[int, int, int]:

@@ -8,20 +8,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from meshforge.config import Parallelism
+from meshforge.config.schema import Parallelism
 from meshforge.model.flavors import get_flavor
 from meshforge.model.llama import Transformer, build_model
-from meshforge.parallel.bubble import BusyClock, simulate_idle_shares, single_stage_theory
+from meshforge.parallel.pipeline.bubble import BusyClock, simulate_idle_shares, single_stage_theory
 from meshforge.parallel.dims import ParallelDims
-from meshforge.parallel.pipeline import check_compatibility
-from meshforge.parallel.pipeline_schedule import (
+from meshforge.parallel.pipeline.stage import check_compatibility
+from meshforge.parallel.pipeline.schedule import (
     check_microbatches,
     num_microbatches,
     read_csv_schedule,
     resolve_schedule_name,
     schedule_spec,
 )
-from meshforge.parallel.pipeline_split import (
+from meshforge.parallel.pipeline.split import (
     num_stages_for,
     prune_to_stage,
     split_evenly,

@@ -156,7 +156,7 @@ def test_cpu_time_sharing_counts_busy_ranks_and_scheduler_latency() -> None:
     longer the more ranks share a core."""
     from meshforge.plan import comm
     from meshforge.plan.estimate import pipeline_step, rates, stage_costs
-    from meshforge.plan.pipeline_sim import simulate
+    from meshforge.parallel.pipeline.simulator import simulate
 
     assert SPEC.oversubscription(4, 1) == 2.0
     assert SPEC.oversubscription(4, 1, busy=0.5) == 1.0  # half the ranks runnable fill the 2 cores exactly

@@ -22,7 +22,7 @@ def test_exact_matches_analytical_for_8b_fsdp8_and_70b_fsdp32_tp8() -> None:
     [(126, 8, 1, 1), (126, 16, 1, 1), (32, 4, 1, 1), (80, 16, 0, 0), (6, 4, 1, 1)],
 )
 def test_stage_split_matches_the_pipeline_code(n_layers: int, stages: int, first: int, last: int) -> None:
-    split_evenly = pytest.importorskip("meshforge.parallel.pipeline_split").split_evenly
+    split_evenly = pytest.importorskip("meshforge.parallel.pipeline.split").split_evenly
     layout = Layout(
         flavor="8B",
         seq_len=8192,

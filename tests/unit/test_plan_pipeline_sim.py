@@ -8,7 +8,7 @@ import pytest
 
 from meshforge.plan import schedules
 from meshforge.plan.layout import Layout
-from meshforge.plan.pipeline_sim import StageCost, rank_order, simulate, spell
+from meshforge.parallel.pipeline.simulator import StageCost, rank_order, simulate, spell
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -153,11 +153,11 @@ def test_activations_in_flight_follow_the_order() -> None:
 def test_orders_given_directly() -> None:
     """simulate_orders (CSV and runtime lists): a send is charged by where the input was made, even when one stage's
     microbatches run on two ranks; malformed orders are named."""
-    from meshforge.plan.pipeline_sim import BACKWARD as B
-    from meshforge.plan.pipeline_sim import FORWARD as F
-    from meshforge.plan.pipeline_sim import INPUT as I
-    from meshforge.plan.pipeline_sim import WEIGHT as W
-    from meshforge.plan.pipeline_sim import simulate_orders
+    from meshforge.parallel.pipeline.simulator import BACKWARD as B
+    from meshforge.parallel.pipeline.simulator import FORWARD as F
+    from meshforge.parallel.pipeline.simulator import INPUT as I
+    from meshforge.parallel.pipeline.simulator import WEIGHT as W
+    from meshforge.parallel.pipeline.simulator import simulate_orders
 
     costs = [StageCost(1.0, 2.0)] * 2
     orders = [[(F, 0, 0), (B, 0, 0)], [(F, 0, 1), (F, 1, 0), (F, 1, 1), (B, 1, 0), (B, 1, 1), (B, 0, 1)]]
@@ -195,7 +195,7 @@ def test_gradient_accumulation_repeats_the_schedule() -> None:
 
 
 def test_v_shaped_schedules_need_two_stages_per_rank() -> None:
-    from meshforge.config_io import ConfigError
+    from meshforge.config.io import ConfigError
     from meshforge.model.flavors import get_flavor
     from meshforge.plan.layout import check_layout
 

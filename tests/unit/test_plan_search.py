@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshforge.config_io import load_config
+from meshforge.config.io import load_config
 from meshforge.plan import advisor, article, report
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.layout import layout_from_config

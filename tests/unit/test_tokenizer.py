@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from meshforge.train.tokenizer import REPO_ROOT, Tokenizer, build_tokenizer
+from meshforge.data.tokenizer import REPO_ROOT, Tokenizer, build_tokenizer
 
 SHIPPED = "data/tokenizer/austen-bpe-2048.json"
 SAMPLE = (

@@ -22,7 +22,7 @@ from meshforge.bench.runner import (
     save_record,
     write_json,
 )
-from meshforge.config_io import ConfigError
+from meshforge.config.io import ConfigError
 
 DEFAULT_MATRIX = "configs/bench/default.toml"
 
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
 
 def check_train_args(matrix: BenchMatrix) -> None:
     """Every run's `meshforge train` keys parse and validate: a typo in the matrix fails before anything runs."""
-    from meshforge.config_io import load_config
+    from meshforge.config.io import load_config
 
     for run in matrix.runs:
         try:

@@ -67,7 +67,7 @@ def command(matrix: BenchMatrix, run: BenchRun, dump_folder: str, launch: Launch
 
 def layout_refusal(matrix: BenchMatrix, run: BenchRun) -> str:
     """meshforge's own verdict on the layout (degrees vs model shape and sequence length), '' if it is valid."""
-    from meshforge.config_io import ConfigError, load_config
+    from meshforge.config.io import ConfigError, load_config
     from meshforge.train.cli import check_layout
 
     try:

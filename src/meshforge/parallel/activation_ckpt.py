@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from meshforge.config import ActivationCheckpoint
+from meshforge.config.schema import ActivationCheckpoint
 
 # ops whose outputs selective-op AC keeps (everything else in a block is recomputed in backward)
 _SAVE_OPS = {

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from meshforge.config import Float8, Parallelism
+from meshforge.config.schema import Float8, Parallelism
 from meshforge.model.flavors import ModelArgs
 
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")

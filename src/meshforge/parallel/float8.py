@@ -18,7 +18,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from meshforge.config import Float8
+from meshforge.config.schema import Float8
 
 MIN_CAPABILITY = (8, 9)
 

@@ -16,7 +16,7 @@ def resolve_reshard_after_forward(policy: str, pipeline_parallel: bool) -> bool:
     # Root cause of the wrong gradients (docs/pipeline.md): torch's input-gradient pass (stage_backward_input) picks
     # the weights to differentiate from `submod.parameters()`; after a reshard those are FSDP's sharded DTensors, not
     # the unsharded tensors the forward graph used, so the weight pass skips them and their gradients are lost.
-    # meshforge.parallel.pipeline refuses 'always' with those schedules.
+    # meshforge.parallel.pipeline.stage refuses 'always' with those schedules.
     if policy == "always":
         return True
     if policy == "never":

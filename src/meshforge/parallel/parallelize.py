@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshforge.config import ActivationCheckpoint, Compile, Float8, Parallelism, Training
+from meshforge.config.schema import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from meshforge.parallel.activation_ckpt import apply_ac
 from meshforge.parallel.context_parallel import apply_cp, resolve_cp_impl
 from meshforge.parallel.dims import ParallelDims, sub_mesh

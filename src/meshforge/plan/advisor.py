@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from meshforge.config_io import ConfigError
+from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.plan.estimate import Estimate, estimate
 from meshforge.plan.hardware import HardwareProfile

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from meshforge.config_io import load_config
+from meshforge.config.io import load_config
 from meshforge.plan.estimate import Estimate, estimate
 from meshforge.plan.hardware import HardwareProfile, load_hardware
 from meshforge.plan.layout import layout_from_config

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from meshforge.config_io import ConfigError
+from meshforge.config.io import ConfigError
 from meshforge.model.flavors import get_flavor
 from meshforge.plan.estimate import Estimate, estimate
 from meshforge.plan.hardware import HardwareProfile

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import NoReturn
 
-from meshforge.config_io import ConfigError, load_config
+from meshforge.config.io import ConfigError, load_config
 from meshforge.plan import article, calibrate, report
 from meshforge.plan.advisor import search
 from meshforge.plan.estimate import estimate, pipeline_timeline

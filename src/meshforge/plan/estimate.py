@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshforge.config_io import ConfigError
+from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs, flops_per_token, get_flavor
 from meshforge.plan import comm
 from meshforge.plan.hardware import HardwareProfile
@@ -30,7 +30,7 @@ from meshforge.plan.memory import (
     part_numel,
     rank_parts,
 )
-from meshforge.plan.pipeline_sim import StageCost, StepResult, simulate
+from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
 
 ATTENTION_BWD_FACTOR = 2.5
 """Flash-attention backward FLOPs over forward: it recomputes the scores (5 matmuls against 2)."""

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from meshforge.config_io import ConfigError
+from meshforge.config.io import ConfigError
 from meshforge.model.flavors import get_flavor
 from meshforge.plan.layout import Layout
 from meshforge.plan.memory import local_param_numel, rank_parts

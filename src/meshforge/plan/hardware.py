@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from meshforge.config_io import ConfigError
+from meshforge.config.io import ConfigError
 
 GIB = 1024**3
 

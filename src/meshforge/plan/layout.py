@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from meshforge.config import JobConfig
-from meshforge.config_io import ConfigError
+from meshforge.config.schema import JobConfig
+from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs, get_flavor
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -232,7 +232,7 @@ def check_layout(layout: Layout, args: ModelArgs) -> None:
 
 
 def check_pipeline(layout: Layout, args: ModelArgs) -> None:
-    """meshforge.parallel.pipeline's rules: microbatches divide the batch, fill the schedule, and split-backward
+    """meshforge.parallel.pipeline.stage's rules: microbatches divide the batch, fill the schedule, and split-backward
     schedules run neither compiled blocks nor FSDP resharding after forward."""
     if layout.local_batch_size % layout.microbatch_size:
         raise ConfigError(

@@ -12,7 +12,7 @@ zero-bubble schedules split the backward into input- and weight-gradient halves 
 
 from __future__ import annotations
 
-from meshforge.plan import pipeline_sim
+from meshforge.parallel.pipeline import simulator as pipeline_sim
 from meshforge.plan.layout import Layout
 
 ZERO_BUBBLE_REMAINDER = 1 / 3

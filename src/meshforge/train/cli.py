@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from meshforge.config import JobConfig
-from meshforge.config_io import ConfigError, load_config
+from meshforge.config.schema import JobConfig
+from meshforge.config.io import ConfigError, load_config
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     if args.nproc < 0:
         raise ConfigError(f"--nproc {args.nproc} must be >= 1")
     if args.dry_run:
-        from meshforge.train.dry_run import dry_run
+        from meshforge.tools.dry_run import dry_run
 
         return dry_run(cfg, args.world_size)
     if args.nproc:
@@ -73,7 +73,7 @@ def check_layout(cfg: JobConfig, world_size: int) -> None:
 
 def run(cfg: JobConfig) -> int:
     """Train on this rank; user mistakes found after start-up end every rank with one line and exit 2."""
-    from meshforge.train.distributed import finish
+    from meshforge.parallel.distributed import finish
     from meshforge.train.loop import train
 
     try:

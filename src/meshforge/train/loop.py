@@ -17,25 +17,25 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from meshforge.config import JobConfig
-from meshforge.config_io import to_toml
+from meshforge.config.schema import JobConfig
+from meshforge.config.io import to_toml
 from meshforge.model.flavors import ModelArgs, flops_per_token, get_flavor
 from meshforge.model.llama import build_model
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.fsdp import DTYPES
 from meshforge.parallel.parallelize import parallelize
-from meshforge.parallel.pipeline import Pipeline, build_pipeline
+from meshforge.parallel.pipeline.stage import Pipeline, build_pipeline
 from meshforge.parallel.tensor_parallel import loss_parallel_context
-from meshforge.train.checkpoint import Checkpointer
-from meshforge.train.data import PackedDataLoader, build_dataloader
-from meshforge.train.distributed import DistContext, init_distributed, set_timeouts
-from meshforge.train.hang import HangGuard, enable_flight_recorder
-from meshforge.train.logs import launcher_rank, rank_logging
-from meshforge.train.metrics import MetricsLogger, device_peak_flops, logging_ranks
+from meshforge.checkpoint.dcp import Checkpointer
+from meshforge.data.loader import PackedDataLoader, build_dataloader
+from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
+from meshforge.observability.hang import HangGuard, enable_flight_recorder
+from meshforge.observability.logs import launcher_rank, rank_logging
+from meshforge.observability.metrics import MetricsLogger, device_peak_flops, logging_ranks
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
-from meshforge.train.profiling import StepProfiler, check_window, profiling
-from meshforge.train.tokenizer import build_tokenizer
+from meshforge.observability.profiling import StepProfiler, check_window, profiling
+from meshforge.data.tokenizer import build_tokenizer
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from meshforge.config_io import load_config, to_toml
+from meshforge.config.io import load_config, to_toml
 
 
 def main(argv: list[str]) -> int:

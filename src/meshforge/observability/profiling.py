@@ -31,7 +31,7 @@ from types import TracebackType
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
-from meshforge.config import Profiling
+from meshforge.config.schema import Profiling
 
 MAX_MEMORY_EVENTS = 100_000
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from meshforge.config import Training
+    from meshforge.config.schema import Training
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ CACHE_FORMAT = "meshforge-tokens-v1"
 
 
 class TokenizerLike(Protocol):
-    """What packing needs from a tokenizer (`meshforge.train.tokenizer.Tokenizer` has it)."""
+    """What packing needs from a tokenizer (`meshforge.data.tokenizer.Tokenizer` has it)."""
 
     bos_id: int
     eos_id: int

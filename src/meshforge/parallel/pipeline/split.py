@@ -17,7 +17,7 @@ from typing import Literal, TypeVar
 
 from torch import nn
 
-from meshforge.config import Parallelism
+from meshforge.config.schema import Parallelism
 
 Style = Literal["single", "loop", "v"]
 ModelT = TypeVar("ModelT", bound=nn.Module)

@@ -12,7 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from meshforge.config import JobConfig
+from meshforge.config.schema import JobConfig
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}

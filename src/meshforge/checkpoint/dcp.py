@@ -33,8 +33,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from meshforge.config import Checkpoint
-from meshforge.train import checkpoint_store as store
+from meshforge.config.schema import Checkpoint
+from meshforge.checkpoint import store
 
 if TYPE_CHECKING:
     from meshforge.train.loop import TrainState
@@ -217,7 +217,7 @@ class Checkpointer:
         return steps[-1] if steps else -1
 
     def _load_initial(self, state: TrainState, path: Path) -> None:
-        from meshforge.train import hf_interop
+        from meshforge.checkpoint import hf as hf_interop
 
         if not path.exists():
             raise ValueError(f"checkpoint.initial_load_path = {str(path)!r} does not exist")

@@ -39,13 +39,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement, Shard, _StridedShard
 
-from meshforge.config import JobConfig, Parallelism
+from meshforge.config.schema import JobConfig, Parallelism
 from meshforge.model.flavors import ModelArgs, get_flavor, param_counts
 from meshforge.model.llama import build_model, canonical_name
 from meshforge.parallel.dims import AXES, ParallelDims
 from meshforge.parallel.parallelize import parallelize
-from meshforge.train.metrics import logging_ranks
-from meshforge.train.profiling import check_window
+from meshforge.observability.metrics import logging_ranks
+from meshforge.observability.profiling import check_window
 
 GIB = 2**30
 OPTIMIZER_STATES = {"AdamW": 2, "Adam": 2}
@@ -100,7 +100,7 @@ def target_device(requested: str) -> str:
 def model_args(cfg: JobConfig, notes: list[str]) -> ModelArgs:
     """The flavor at the configured sequence length; the tokenizer's vocabulary is checked when the file is here."""
     from meshforge.train.loop import model_args_for
-    from meshforge.train.tokenizer import build_tokenizer, resolve_path
+    from meshforge.data.tokenizer import build_tokenizer, resolve_path
 
     path = cfg.model.tokenizer_path
     if path.startswith("hf:"):
@@ -129,7 +129,7 @@ def check_features(cfg: JobConfig, dims: ParallelDims, target: str, notes: list[
 
 def pipeline_plan(cfg: JobConfig, dims: ParallelDims, n_layers: int) -> tuple[str, list[list[str]], dict[int, int]]:
     """The real pipeline checks and split (parallel/pipeline.py): schedule, module names per stage, stage -> rank."""
-    from meshforge.parallel.pipeline import plan_pipeline
+    from meshforge.parallel.pipeline.stage import plan_pipeline
 
     par = cfg.parallelism
     plan = plan_pipeline(par, cfg.training, dims, n_layers, cfg.compile.enable)
@@ -163,7 +163,7 @@ def build_parts(
     cfg: JobConfig, dims: ParallelDims, mesh: DeviceMesh | None, args: ModelArgs
 ) -> tuple[dict[int, list[tuple[int, list[str], nn.Module]]], str]:
     """Each pipeline rank's parallelized stages (meta device), and a line describing the pipeline."""
-    from meshforge.parallel.pipeline_split import module_order, prune_to_stage
+    from meshforge.parallel.pipeline.split import module_order, prune_to_stage
 
     parallelize_part = functools.partial(
         parallelize,

@@ -26,8 +26,8 @@ from torch.distributed.pipelining import (
 from torch.distributed.pipelining.schedules import _PipelineSchedule, _PipelineScheduleRuntime
 from torch.distributed.pipelining.stage import PipelineStage
 
-from meshforge.parallel.bubble import Action, simulate_idle_shares
-from meshforge.parallel.pipeline_split import Style
+from meshforge.parallel.pipeline.bubble import Action, simulate_idle_shares
+from meshforge.parallel.pipeline.split import Style
 
 ScheduleClass = Callable[..., _PipelineSchedule]
 SCHEDULES: dict[str, tuple[ScheduleClass, Style, bool]] = {

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from meshforge.config import Job
-from meshforge.train.metrics import logging_ranks
+from meshforge.config.schema import Job
+from meshforge.observability.metrics import logging_ranks
 
 
 class RankStream(io.TextIOBase):

@@ -31,7 +31,7 @@ from torch import nn
 
 from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.model.llama import Transformer, canonical_name, copy_into
-from meshforge.train import checkpoint_store as store
+from meshforge.checkpoint import store
 
 _TOP = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
 _TOP["output.weight"] = "lm_head.weight"

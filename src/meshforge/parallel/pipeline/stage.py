@@ -22,9 +22,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _PipelineSchedule
 from torch.distributed.tensor import DTensor
 
-from meshforge.config import Parallelism, Training
+from meshforge.config.schema import Parallelism, Training
 from meshforge.model.llama import Transformer
-from meshforge.parallel.bubble import (
+from meshforge.parallel.pipeline.bubble import (
     BusyClock,
     TimedPipelineStage,
     compute_actions,
@@ -33,14 +33,14 @@ from meshforge.parallel.bubble import (
     single_stage_theory,
 )
 from meshforge.parallel.dims import ParallelDims, sub_mesh
-from meshforge.parallel.pipeline_schedule import (
+from meshforge.parallel.pipeline.schedule import (
     ScheduleSpec,
     build_schedule,
     check_microbatches,
     num_microbatches,
     schedule_spec,
 )
-from meshforge.parallel.pipeline_split import (
+from meshforge.parallel.pipeline.split import (
     Style,
     check_stages_per_rank,
     num_stages_for,
