@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from meshforge.checkpoint.dcp import Checkpointer
 from meshforge.config.schema import Checkpoint, LRScheduler, Optimizer
+from meshforge.data.loader import PackedDataLoader
 from meshforge.model.flavors import get_flavor, param_counts
 from meshforge.model.llama import build_model
-from meshforge.checkpoint.dcp import Checkpointer
-from meshforge.data.loader import PackedDataLoader
 from meshforge.train.loop import TrainState
 from meshforge.train.optim import build_lr_scheduler, build_optimizer
 

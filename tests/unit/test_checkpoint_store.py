@@ -14,12 +14,12 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-from meshforge.config.schema import Checkpoint, LRScheduler, Optimizer
-from meshforge.model.flavors import get_flavor
-from meshforge.model.llama import build_model
 from meshforge.checkpoint import store as store
 from meshforge.checkpoint.dcp import FLAT, Checkpointer, model_view
+from meshforge.config.schema import Checkpoint, LRScheduler, Optimizer
 from meshforge.data.loader import PackedDataLoader
+from meshforge.model.flavors import get_flavor
+from meshforge.model.llama import build_model
 from meshforge.train.loop import TrainState
 from meshforge.train.optim import build_lr_scheduler, build_optimizer
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from meshforge.checkpoint import hf as hf_interop
 from meshforge.model.flavors import get_flavor
 from meshforge.model.llama import build_model
-from meshforge.checkpoint import hf as hf_interop
 
 ARGS = get_flavor("tiny").with_seq_len(64)
 

@@ -11,9 +11,8 @@ import torch
 from meshforge.config.schema import Parallelism
 from meshforge.model.flavors import get_flavor
 from meshforge.model.llama import Transformer, build_model
-from meshforge.parallel.pipeline.bubble import BusyClock, simulate_idle_shares, single_stage_theory
 from meshforge.parallel.dims import ParallelDims
-from meshforge.parallel.pipeline.stage import check_compatibility
+from meshforge.parallel.pipeline.bubble import BusyClock, simulate_idle_shares, single_stage_theory
 from meshforge.parallel.pipeline.schedule import (
     check_microbatches,
     num_microbatches,
@@ -29,6 +28,7 @@ from meshforge.parallel.pipeline.split import (
     stage_to_rank,
     validate_stage_modules,
 )
+from meshforge.parallel.pipeline.stage import check_compatibility
 
 LAYERS = [f"layers.{i}" for i in range(8)]
 

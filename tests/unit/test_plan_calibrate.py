@@ -154,9 +154,9 @@ def test_calibration_text_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_cpu_time_sharing_counts_busy_ranks_and_scheduler_latency() -> None:
     """Pipeline ranks waiting for inputs lend their cores; a CPU collective pays log2(n) scheduler waits, each the
     longer the more ranks share a core."""
+    from meshforge.parallel.pipeline.simulator import simulate
     from meshforge.plan import comm
     from meshforge.plan.estimate import pipeline_step, rates, stage_costs
-    from meshforge.parallel.pipeline.simulator import simulate
 
     assert SPEC.oversubscription(4, 1) == 2.0
     assert SPEC.oversubscription(4, 1, busy=0.5) == 1.0  # half the ranks runnable fill the 2 cores exactly

@@ -6,9 +6,9 @@ import warnings
 
 import pytest
 
+from meshforge.parallel.pipeline.simulator import StageCost, rank_order, simulate, spell
 from meshforge.plan import schedules
 from meshforge.plan.layout import Layout
-from meshforge.parallel.pipeline.simulator import StageCost, rank_order, simulate, spell
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

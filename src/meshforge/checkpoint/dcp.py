@@ -33,14 +33,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from meshforge.config.schema import Checkpoint
 from meshforge.checkpoint import store
+from meshforge.config.schema import Checkpoint
+from meshforge.device.dtypes import DTYPES
 
 if TYPE_CHECKING:
     from meshforge.train.loop import TrainState
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def model_view(parts: list[nn.Module]) -> nn.Module:

@@ -29,9 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from meshforge.checkpoint import store
+from meshforge.device.dtypes import DTYPES
 from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.model.llama import Transformer, canonical_name, copy_into
-from meshforge.checkpoint import store
 
 _TOP = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
 _TOP["output.weight"] = "lm_head.weight"
@@ -54,7 +55,6 @@ _ROPE_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def hf_name(fqn: str) -> str:

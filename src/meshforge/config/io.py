@@ -12,6 +12,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+import tomli_w
+
 from meshforge.config.schema import JobConfig
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -185,27 +187,4 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 def to_toml(cfg: Any) -> str:
     """The effective config as TOML text."""
-    lines: list[str] = []
-    _emit(to_dict(cfg), "", lines)
-    return "\n".join(lines).strip() + "\n"
-
-
-def _emit(tree: dict[str, Any], prefix: str, lines: list[str]) -> None:
-    scalars = {k: v for k, v in tree.items() if not isinstance(v, dict)}
-    if scalars and prefix:
-        lines.append(f"\n[{prefix}]")
-    for key, value in scalars.items():
-        lines.append(f"{key} = {_toml_value(value)}")
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            _emit(value, f"{prefix}.{key}" if prefix else key, lines)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return repr(value)
+    return tomli_w.dumps(to_dict(cfg))

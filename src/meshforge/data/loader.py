@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from meshforge.paths import REPO_ROOT, cache_root
+
 if TYPE_CHECKING:
     from meshforge.config.schema import Training
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 AUSTEN_DIR = REPO_ROOT / "data" / "austen"
 TEXT_SUFFIXES = (".txt", ".txt.gz")
 VAL_FRACTION = 0.05
@@ -62,8 +63,7 @@ def pack_documents(documents: Iterable[list[int]], bos_id: int, eos_id: int) -> 
 
 def cache_dir() -> Path:
     """Folder of cached token arrays: ``$MESHFORGE_CACHE/tokens`` or ``~/.cache/meshforge/tokens``."""
-    root = os.environ.get("MESHFORGE_CACHE") or Path.home() / ".cache" / "meshforge"
-    return Path(root) / "tokens"
+    return cache_root() / "tokens"
 
 
 def cached_tokens(key_parts: list[str], tokenizer: TokenizerLike, build: Callable[[], np.ndarray]) -> np.ndarray:

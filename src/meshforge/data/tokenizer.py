@@ -16,7 +16,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as RustTokenizer
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from meshforge.paths import REPO_ROOT
+
 BOS_TOKEN, EOS_TOKEN = "<|begin_of_text|>", "<|end_of_text|>"
 # Fallback (bos, eos) names for hub tokenizers of other families.
 SPECIAL_TOKEN_CANDIDATES = ((BOS_TOKEN, EOS_TOKEN), ("<s>", "</s>"), ("<|endoftext|>", "<|endoftext|>"))

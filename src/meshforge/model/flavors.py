@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshforge.config.schema import JobConfig
 
 
 @dataclass(frozen=True)
@@ -108,3 +112,14 @@ def flops_per_token(args: ModelArgs, seq_len: int) -> float:
     counts = param_counts(args)
     attention = 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
     return float(6 * counts.non_embedding + attention)
+
+
+def model_args_for(cfg: JobConfig, vocab_size: int) -> ModelArgs:
+    """The shapes a run builds: its flavor at its sequence length, checked against the tokenizer's vocabulary."""
+    args = get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len)
+    if vocab_size > args.vocab_size:
+        raise ValueError(
+            f"the tokenizer {cfg.model.tokenizer_path} has {vocab_size} tokens but model.flavor = {cfg.model.flavor} "
+            f"has vocab {args.vocab_size}; use a matching tokenizer or flavor"
+        )
+    return args

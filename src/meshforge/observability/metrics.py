@@ -19,6 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshforge.device.dtypes import dtype_name
+from meshforge.paths import cache_root
+
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12, "A10": 125e12}
 
 
@@ -36,8 +39,7 @@ def device_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, 
 
 
 def peak_cache() -> Path:
-    root = os.environ.get("MESHFORGE_CACHE") or Path.home() / ".cache" / "meshforge"
-    return Path(root) / "cpu_peak.json"
+    return cache_root() / "cpu_peak.json"
 
 
 def cached_cpu_peak(dtype: torch.dtype, threads: int) -> float:
@@ -67,10 +69,6 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return ""
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def cpu_matmul_probe(dtype: torch.dtype, size: int = 512, seconds: float = 0.3) -> float:

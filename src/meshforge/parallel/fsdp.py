@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from meshforge.device.dtypes import DTYPES
 
 
 def resolve_reshard_after_forward(policy: str, pipeline_parallel: bool) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs, flops_per_token, get_flavor
+from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
 from meshforge.plan import comm
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, check_layout, stage_layer_counts
@@ -30,7 +31,6 @@ from meshforge.plan.memory import (
     part_numel,
     rank_parts,
 )
-from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
 
 ATTENTION_BWD_FACTOR = 2.5
 """Flash-attention backward FLOPs over forward: it recomputes the scores (5 matmuls against 2)."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from meshforge.config.io import ConfigError
 
 GIB = 1024**3
@@ -254,20 +256,9 @@ def _build(cls: type, values: dict[str, Any], where: str, base: Any | None) -> A
 
 def save_profile(profile: HardwareProfile, path: Path) -> None:
     """Write a profile as TOML that ``load_hardware(path)`` reads back."""
-    lines = ["# meshforge hardware profile (meshforge plan --hardware THIS_FILE)", "[hardware]"]
-    lines += [f"{k} = {_toml(v)}" for k, v in dataclasses.asdict(profile.spec).items()]
-    lines += ["", "[efficiency]"]
-    lines += [f"{k} = {_toml(v)}" for k, v in dataclasses.asdict(profile.efficiency).items()]
+    tree = {"hardware": dataclasses.asdict(profile.spec), "efficiency": dataclasses.asdict(profile.efficiency)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(float(value)) if isinstance(value, float) else str(value)
+    path.write_text("# meshforge hardware profile (meshforge plan --hardware THIS_FILE)\n" + tomli_w.dumps(tree))
 
 
 @functools.lru_cache(maxsize=1)

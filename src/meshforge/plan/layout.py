@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from meshforge.config.schema import JobConfig
 from meshforge.config.io import ConfigError
+from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import ModelArgs, get_flavor
+from meshforge.parallel.pipeline import catalog, split
+from meshforge.parallel.pipeline.catalog import MULTI_STAGE, SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 
-SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-MULTI_STAGE = {"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
-V_SHAPED = {"ZBVZeroBubble", "DualPipeV"}
-SPLIT_BACKWARD = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
-"""Schedules that split the backward into input and weight gradients (meshforge refuses them with compile)."""
+__all__ = ["MULTI_STAGE", "SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Layout"]
 DEFAULT_STAGES_PER_RANK = 2
 """Stages per rank of multi-stage schedules when layers_per_stage is not given (TorchTitan's default)."""
 
@@ -188,13 +186,12 @@ def normalize_schedule(name: str, csv_path: str = "") -> str:
     timing (its bubble is unknown to the planner)."""
     if csv_path:
         return "1F1B"
-    key = name.lower().replace("_", "").replace("-", "")
-    aliases = {s.lower(): s for s in SCHEDULES} | {"interleave1f1b": "Interleaved1F1B"}
-    if key not in aliases:
+    canonical = catalog.canonical_schedule(name)
+    if canonical is None:
         raise ConfigError(
             f"parallelism.pipeline_parallel_schedule = {name!r} is unknown; choose {', '.join(SCHEDULES)}"
         )
-    return aliases[key]
+    return canonical
 
 
 def with_stages(layout: Layout, args: ModelArgs) -> Layout:
@@ -258,31 +255,17 @@ def check_pipeline(layout: Layout, args: ModelArgs) -> None:
 
 
 def stage_layer_counts(n_layers: int, layout: Layout) -> list[int]:
-    """Transformer blocks per stage: the embedding and the output count as first/last_stage_less_layers blocks,
-    and the total is split evenly (as parallelism.pipeline_parallel_*_less_layers documents)."""
-    stages = layout.num_stages
-    if stages == 1:
-        return [n_layers]
-    first, last = layout.first_stage_less_layers, layout.last_stage_less_layers
-    if stages > n_layers + first + last:
-        raise ConfigError(
-            f"{n_layers} layers (+ {first} + {last} for embedding and output) cannot fill {stages} pipeline stages"
+    """Transformer blocks per stage, as training splits them (parallel.pipeline.split.split_evenly: the embedding and
+    the output count as first/last_stage_less_layers blocks, the total is split evenly)."""
+    try:
+        stages = split.split_evenly(
+            n_layers, layout.num_stages, layout.first_stage_less_layers, layout.last_stage_less_layers
         )
-    base, extra = divmod(n_layers + first + last, stages)
-    if first > base or last > base:
-        raise ConfigError(f"first/last_stage_less_layers = {first}/{last} exceed the {base} blocks per stage")
-    counts, placed = [], 0
-    for index in range(stages):
-        budget = base + (1 if index < extra else 0) - (first if index == 0 else 0)
-        budget -= last if index == stages - 1 else 0
-        take = min(budget, n_layers - placed)
-        counts.append(take)
-        placed += take
-    return counts
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return [sum(name.startswith("layers.") for name in names) for names in stages]
 
 
 def stages_of_rank(layout: Layout, rank: int) -> list[int]:
     """Stage indices a pipeline rank holds: looped (r, r + pp, ...) or V-shaped (r, 2 pp - 1 - r)."""
-    if layout.schedule in V_SHAPED and layout.stages_per_rank == 2:
-        return [rank, 2 * layout.pp - 1 - rank]
-    return [rank + k * layout.pp for k in range(layout.stages_per_rank)]
+    return catalog.stages_of_rank(layout.schedule, layout.pp, layout.stages_per_rank, rank)

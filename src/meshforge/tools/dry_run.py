@@ -42,10 +42,10 @@ from torch.distributed.tensor.placement_types import Placement, Shard, _StridedS
 from meshforge.config.schema import JobConfig, Parallelism
 from meshforge.model.flavors import ModelArgs, get_flavor, param_counts
 from meshforge.model.llama import build_model, canonical_name
-from meshforge.parallel.dims import AXES, ParallelDims
-from meshforge.parallel.parallelize import parallelize
 from meshforge.observability.metrics import logging_ranks
 from meshforge.observability.profiling import check_window
+from meshforge.parallel.dims import AXES, ParallelDims
+from meshforge.parallel.parallelize import parallelize
 
 GIB = 2**30
 OPTIMIZER_STATES = {"AdamW": 2, "Adam": 2}
@@ -99,8 +99,8 @@ def target_device(requested: str) -> str:
 
 def model_args(cfg: JobConfig, notes: list[str]) -> ModelArgs:
     """The flavor at the configured sequence length; the tokenizer's vocabulary is checked when the file is here."""
-    from meshforge.train.loop import model_args_for
     from meshforge.data.tokenizer import build_tokenizer, resolve_path
+    from meshforge.model.flavors import model_args_for
 
     path = cfg.model.tokenizer_path
     if path.startswith("hf:"):

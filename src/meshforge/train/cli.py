@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from meshforge.config.schema import JobConfig
 from meshforge.config.io import ConfigError, load_config
+from meshforge.config.schema import JobConfig
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -17,25 +17,25 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from meshforge.config.schema import JobConfig
-from meshforge.config.io import to_toml
-from meshforge.model.flavors import ModelArgs, flops_per_token, get_flavor
-from meshforge.model.llama import build_model
-from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
-from meshforge.parallel.dims import ParallelDims, sub_mesh
-from meshforge.parallel.fsdp import DTYPES
-from meshforge.parallel.parallelize import parallelize
-from meshforge.parallel.pipeline.stage import Pipeline, build_pipeline
-from meshforge.parallel.tensor_parallel import loss_parallel_context
 from meshforge.checkpoint.dcp import Checkpointer
+from meshforge.config.io import to_toml
+from meshforge.config.schema import JobConfig
 from meshforge.data.loader import PackedDataLoader, build_dataloader
-from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
+from meshforge.data.tokenizer import build_tokenizer
+from meshforge.device.dtypes import DTYPES
+from meshforge.model.flavors import ModelArgs, flops_per_token, model_args_for
+from meshforge.model.llama import build_model
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
 from meshforge.observability.logs import launcher_rank, rank_logging
 from meshforge.observability.metrics import MetricsLogger, device_peak_flops, logging_ranks
-from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
 from meshforge.observability.profiling import StepProfiler, check_window, profiling
-from meshforge.data.tokenizer import build_tokenizer
+from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
+from meshforge.parallel.dims import ParallelDims, sub_mesh
+from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
+from meshforge.parallel.parallelize import parallelize
+from meshforge.parallel.pipeline.stage import Pipeline, build_pipeline
+from meshforge.parallel.tensor_parallel import loss_parallel_context
+from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
 
 
 @dataclass
@@ -53,16 +53,6 @@ class TrainState:
     pipeline: Pipeline | None = None
     checkpointer: Checkpointer | None = None
     step: int = 0
-
-
-def model_args_for(cfg: JobConfig, vocab_size: int) -> ModelArgs:
-    args = get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len)
-    if vocab_size > args.vocab_size:
-        raise ValueError(
-            f"the tokenizer {cfg.model.tokenizer_path} has {vocab_size} tokens but model.flavor = {cfg.model.flavor} "
-            f"has vocab {args.vocab_size}; use a matching tokenizer or flavor"
-        )
-    return args
 
 
 def setup(cfg: JobConfig) -> TrainState:

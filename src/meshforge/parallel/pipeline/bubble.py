@@ -118,7 +118,7 @@ def single_stage_theory(pp: int, n_microbatches: int) -> float:
 
 def simulate_idle_shares(order: dict[int, list[Action | None]], num_stages: int) -> list[float]:
     """Idle share of each rank when its actions run in order with unit costs (see the module docstring), by the
-    planner's simulator (meshforge.parallel.pipeline.simulator), which the planner's tests check against torch's schedules.
+    planner's simulator (parallel.pipeline.simulator), which the planner's tests check against torch's schedules.
 
     Raises ValueError naming the rank and position of the first action that can never start (a deadlock)."""
     ranks = sorted(order)

@@ -27,20 +27,18 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule, _PipelineS
 from torch.distributed.pipelining.stage import PipelineStage
 
 from meshforge.parallel.pipeline.bubble import Action, simulate_idle_shares
-from meshforge.parallel.pipeline.split import Style
+from meshforge.parallel.pipeline.catalog import SCHEDULE_STYLES, SCHEDULES, Style, canonical_schedule
 
 ScheduleClass = Callable[..., _PipelineSchedule]
-SCHEDULES: dict[str, tuple[ScheduleClass, Style, bool]] = {
-    # name: (torch class, stage layout, splits backward into input (I) and weight (W) gradients)
-    "GPipe": (ScheduleGPipe, "single", False),
-    "1F1B": (Schedule1F1B, "single", False),
-    "Interleaved1F1B": (ScheduleInterleaved1F1B, "loop", False),
-    "LoopedBFS": (ScheduleLoopedBFS, "loop", False),
-    "InterleavedZeroBubble": (ScheduleInterleavedZeroBubble, "loop", True),
-    "ZBVZeroBubble": (ScheduleZBVZeroBubble, "v", True),
-    "DualPipeV": (ScheduleDualPipeV, "v", True),
+TORCH_CLASSES: dict[str, ScheduleClass] = {
+    "GPipe": ScheduleGPipe,
+    "1F1B": Schedule1F1B,
+    "Interleaved1F1B": ScheduleInterleaved1F1B,
+    "LoopedBFS": ScheduleLoopedBFS,
+    "InterleavedZeroBubble": ScheduleInterleavedZeroBubble,
+    "ZBVZeroBubble": ScheduleZBVZeroBubble,
+    "DualPipeV": ScheduleDualPipeV,
 }
-ALIASES = {"interleave1f1b": "Interleaved1F1B", "zbv": "ZBVZeroBubble"}
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
 
@@ -66,20 +64,15 @@ class CsvSchedule:
     split_backward: bool = field(default=False)
 
 
-def _key(name: str) -> str:
-    key = name.lower().replace("_", "").replace("-", "")
-    return key.removeprefix("schedule")
-
-
 def resolve_schedule_name(name: str) -> str:
     """Canonical schedule name; case-insensitive, accepts torch class names (Schedule1F1B) and interleave_1f1b."""
-    table = {_key(n): n for n in SCHEDULES} | ALIASES
-    if _key(name) not in table:
+    canonical = canonical_schedule(name)
+    if canonical is None:
         raise ValueError(
             f"parallelism.pipeline_parallel_schedule = {name!r} is unknown; choose one of {', '.join(SCHEDULES)} "
             "(case-insensitive; interleave_1f1b and torch class names such as ScheduleGPipe work too)"
         )
-    return table[_key(name)]
+    return canonical
 
 
 def schedule_spec(name: str, csv_path: str, pp: int) -> ScheduleSpec:
@@ -88,8 +81,8 @@ def schedule_spec(name: str, csv_path: str, pp: int) -> ScheduleSpec:
         csv = read_csv_schedule(csv_path, pp)
         return ScheduleSpec(f"CSV {csv_path}", _PipelineScheduleRuntime, "loop", csv.split_backward, csv)
     canonical = resolve_schedule_name(name)
-    cls, style, split = SCHEDULES[canonical]
-    return ScheduleSpec(canonical, cls, style, split)
+    style, split = SCHEDULE_STYLES[canonical]
+    return ScheduleSpec(canonical, TORCH_CLASSES[canonical], style, split)
 
 
 def num_microbatches(local_batch_size: int, microbatch_size: int) -> int:

@@ -28,8 +28,40 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from meshforge.plan.layout import SPLIT_BACKWARD, V_SHAPED, Layout, stages_of_rank
+from meshforge.parallel.pipeline.catalog import SPLIT_BACKWARD, V_SHAPED, stages_of_rank
+
+
+class ScheduleShape(Protocol):
+    """What a simulation needs of a job: the schedule, pipeline ranks, stages per rank, microbatches per schedule step
+    (the planner's Layout has these)."""
+
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def stages_per_rank(self) -> int: ...
+    @property
+    def schedule_microbatches(self) -> int: ...
+    @property
+    def num_stages(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A schedule shape on its own (schedule, pp ranks, m microbatches per schedule step, v stages per rank)."""
+
+    schedule: str
+    pp: int
+    schedule_microbatches: int
+    stages_per_rank: int = 1
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.stages_per_rank
+
 
 FORWARD, BACKWARD, WEIGHT, INPUT = 0, 1, 2, 3
 """Action kinds: a forward, a full backward, and the weight- and input-gradient halves of a split backward."""
@@ -73,10 +105,10 @@ def spell(action: Action) -> str:
     return f"{s}{KIND_LETTERS[kind]}{j}"
 
 
-def rank_order(layout: Layout, rank: int) -> list[Action]:
+def rank_order(layout: ScheduleShape, rank: int) -> list[Action]:
     """Every action of ``rank`` in the order its schedule runs it."""
     p, m, v = layout.pp, layout.schedule_microbatches, layout.stages_per_rank
-    local = sorted(stages_of_rank(layout, rank))
+    local = sorted(stages_of_rank(layout.schedule, p, v, rank))
     rounds = max(1, m // p)
     group = m // rounds
 
@@ -161,7 +193,7 @@ def v_order(p: int, m: int, rank: int, local: list[int]) -> list[Action]:
     return order
 
 
-def in_flight(layout: Layout, rank: int) -> int:
+def in_flight(layout: ScheduleShape, rank: int) -> int:
     """The most stage-microbatches whose activations ``rank`` holds at once in its schedule's order: forwards whose
     backward has not run yet (in zero-bubble schedules, whose weight-gradient half has not: torch's input-gradient pass
     retains the graph for it)."""
@@ -170,16 +202,15 @@ def in_flight(layout: Layout, rank: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _in_flight(schedule: str, p: int, m: int, v: int, rank: int) -> int:
-    layout = Layout(flavor="", seq_len=1, local_batch_size=m, pp=p, schedule=schedule, stages_per_rank=v)
     held = peak = 0
-    for kind, _, _ in rank_order(layout, rank):
+    for kind, _, _ in rank_order(Shape(schedule, p, m, v), rank):
         held += 1 if kind == FORWARD else -1 if kind in (BACKWARD, WEIGHT) else 0
         peak = max(peak, held)
     return peak
 
 
 def simulate(
-    layout: Layout,
+    layout: ScheduleShape,
     costs: Sequence[StageCost],
     latency: float,
     overhead: float = 0.0,
@@ -251,8 +282,8 @@ class _Plan:
 @functools.lru_cache(maxsize=512)
 def _compile(schedule: str, p: int, m: int, v: int) -> _Plan:
     """A search evaluates the same schedule shape for many layouts, so its plan is made once per shape."""
-    layout = Layout(flavor="", seq_len=1, local_batch_size=m, pp=p, schedule=schedule, stages_per_rank=v)
-    return compile_orders([rank_order(layout, rank) for rank in range(p)], p * v)
+    shape = Shape(schedule, p, m, v)
+    return compile_orders([rank_order(shape, rank) for rank in range(p)], p * v)
 
 
 def compile_orders(orders: Sequence[Sequence[Action]], stages: int) -> _Plan:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Literal, TypeVar
-
-from torch import nn
+from typing import TYPE_CHECKING, TypeVar
 
 from meshforge.config.schema import Parallelism
+from meshforge.parallel.pipeline.catalog import Style
 
-Style = Literal["single", "loop", "v"]
-ModelT = TypeVar("ModelT", bound=nn.Module)
+if TYPE_CHECKING:
+    from torch import nn
+
+ModelT = TypeVar("ModelT", bound="nn.Module")
 
 
 def module_order(n_layers: int) -> list[str]:

@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from meshforge.config.schema import Parallelism, Training
 from meshforge.model.llama import Transformer
+from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.pipeline.bubble import (
     BusyClock,
     TimedPipelineStage,
@@ -32,7 +33,6 @@ from meshforge.parallel.pipeline.bubble import (
     simulate_idle_shares,
     single_stage_theory,
 )
-from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.pipeline.schedule import (
     ScheduleSpec,
     build_schedule,
