@@ -10,7 +10,7 @@ A checkpoint holds tensors only, under the full model's parameter names, so any 
 
 Model-only checkpoints (the seed at step 0, the final export) hold only ``model.*``. Optimizer hyper-parameters (lr,
 betas, eps, weight decay) come from the config on resume; the lr follows the schedule from the saved position.
-The on-disk format, the atomic commit and the integrity checks live in `meshforge.train.checkpoint_store`.
+The on-disk format, the atomic commit and the integrity checks live in `meshforge.checkpoint.store`.
 """
 
 from __future__ import annotations
@@ -217,12 +217,12 @@ class Checkpointer:
         return steps[-1] if steps else -1
 
     def _load_initial(self, state: TrainState, path: Path) -> None:
-        from meshforge.checkpoint import hf as hf_interop
+        from meshforge.checkpoint import hf
 
         if not path.exists():
             raise ValueError(f"checkpoint.initial_load_path = {str(path)!r} does not exist")
-        if hf_interop.is_hf_checkpoint(path):
-            hf_interop.load_hf_weights(state.model_parts, path, state.model_args)
+        if hf.is_hf_checkpoint(path):
+            hf.load_hf_weights(state.model_parts, path, state.model_args)
             self._say(f"loaded Hugging Face weights from {path}")
             return
         if not (path / ".metadata").exists() and (steps := store.complete_steps(path)):

@@ -2,7 +2,7 @@
 
 Step time = the microbatches through the stages (each stage: its blocks' forward + backward + recomputation, the head,
 and the exposed tensor/context-parallel communication; under pipeline parallel the schedule is simulated with its
-sends, pipeline_sim.py) + FSDP communication that compute cannot hide + the optimizer step. Compute is FLOPs over
+sends, simulator.py) + FSDP communication that compute cannot hide + the optimizer step. Compute is FLOPs over
 achieved FLOP/s (matmuls and flash attention separately) plus element-wise bytes over achieved memory bandwidth;
 communication is alpha-beta (comm.py). Memory is memory.py. The constants are hardware.Efficiency's; docs/planner.md
 derives every formula.

@@ -1,6 +1,6 @@
 """Pipeline schedules in closed form: idle (bubble) time and microbatches in flight. Pure Python.
 
-The step time comes from simulating the schedule (pipeline_sim.py), which reproduces these bubbles when sends are free
+The step time comes from simulating the schedule (simulator.py), which reproduces these bubbles when sends are free
 and m is a multiple of p; the closed forms remain the reference it is tested against, and in_flight sizes the
 activation memory.
 
@@ -12,7 +12,7 @@ zero-bubble schedules split the backward into input- and weight-gradient halves 
 
 from __future__ import annotations
 
-from meshforge.parallel.pipeline import simulator as pipeline_sim
+from meshforge.parallel.pipeline import simulator
 from meshforge.plan.layout import Layout
 
 ZERO_BUBBLE_REMAINDER = 1 / 3
@@ -34,9 +34,9 @@ def bubble_ratio(layout: Layout) -> float:
 
 def in_flight(layout: Layout, rank: int) -> int:
     """Stage-microbatches whose activations a pipeline rank holds at its peak, counted in the schedule's own order
-    (pipeline_sim.in_flight). What that gives, for m a multiple of p: 1F1B p - rank; GPipe and looped BFS v m;
+    (simulator.in_flight). What that gives, for m a multiple of p: 1F1B p - rank; GPipe and looped BFS v m;
     interleaved 1F1B (v-1) p + 2 (p-1-rank) + 1; interleaved zero bubble v p on every rank (a warm-up one shorter per
     hop, weight gradients one later per hop); ZB-V 2 p on every rank once m >= 2p - 1."""
     if layout.pp == 1:
         return 1
-    return pipeline_sim.in_flight(layout, rank)
+    return simulator.in_flight(layout, rank)

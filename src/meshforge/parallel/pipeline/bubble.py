@@ -22,13 +22,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
-from meshforge.parallel.pipeline import simulator as pipeline_sim
+from meshforge.parallel.pipeline import simulator
 
 Action = tuple[int, str, int]
 """(stage index, kind F/B/I/W, microbatch index)."""
 COST = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
-"""Unit costs; a split backward's halves are each half a full one (pipeline_sim.WEIGHT_SHARE)."""
-KINDS = {"F": pipeline_sim.FORWARD, "B": pipeline_sim.BACKWARD, "I": pipeline_sim.INPUT, "W": pipeline_sim.WEIGHT}
+"""Unit costs; a split backward's halves are each half a full one (simulator.WEIGHT_SHARE)."""
+KINDS = {"F": simulator.FORWARD, "B": simulator.BACKWARD, "I": simulator.INPUT, "W": simulator.WEIGHT}
 
 
 class BusyClock:
@@ -123,7 +123,7 @@ def simulate_idle_shares(order: dict[int, list[Action | None]], num_stages: int)
     Raises ValueError naming the rank and position of the first action that can never start (a deadlock)."""
     ranks = sorted(order)
     orders = [[(KINDS[kind], stage, mb) for stage, kind, mb in filter(None, order[r])] for r in ranks]
-    result = pipeline_sim.simulate_orders(orders, [pipeline_sim.StageCost(COST["F"], COST["B"])] * num_stages)
+    result = simulator.simulate_orders(orders, [simulator.StageCost(COST["F"], COST["B"])] * num_stages)
     return [1.0 - busy / result.makespan if result.makespan else 0.0 for busy in result.rank_busy]
 
 
