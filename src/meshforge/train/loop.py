@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -17,7 +17,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from meshforge.checkpoint.dcp import Checkpointer
 from meshforge.config.io import to_toml
 from meshforge.config.schema import JobConfig
 from meshforge.data.loader import PackedDataLoader, build_dataloader
@@ -33,9 +32,12 @@ from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
 from meshforge.parallel.parallelize import parallelize
-from meshforge.parallel.pipeline.stage import Pipeline, build_pipeline
 from meshforge.parallel.tensor_parallel import loss_parallel_context
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+
+if TYPE_CHECKING:  # imported where used: pipelining pulls in dynamo (~1 s), DCP ~0.3 s; most runs need neither
+    from meshforge.checkpoint.dcp import Checkpointer
+    from meshforge.parallel.pipeline.stage import Pipeline
 
 
 @dataclass
@@ -86,6 +88,8 @@ def build_checkpointer(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, con
     ck = cfg.checkpoint
     if not (ck.enable or ck.initial_load_path or ck.create_seed_checkpoint):
         return None
+    from meshforge.checkpoint.dcp import Checkpointer
+
     return Checkpointer(
         ck,
         dump_folder=cfg.job.dump_folder,
@@ -113,6 +117,8 @@ def build_model_parts(
         float8=cfg.quantize.dense.float8,
     )
     if dims.pp > 1:
+        from meshforge.parallel.pipeline.stage import build_pipeline
+
         pipeline = build_pipeline(
             model,
             dims,
