@@ -4,19 +4,21 @@ torchrun job, and write DIR/results.json, DIR/report.md and PNG plots. Without -
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import time
 from pathlib import Path
 from typing import Any
 
+from meshforge.bench.machine import LoadSampler, machine_info
 from meshforge.bench.matrix import BenchMatrix, BenchRun, load_matrix
+from meshforge.bench.record import Repetition, make_record
 from meshforge.bench.runner import (
     Launch,
     SweepPlan,
     build_results,
     command,
-    machine_info,
     plan_sweep,
     run_one,
     save_record,
@@ -31,11 +33,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="meshforge bench", description=__doc__)
     parser.add_argument("--config", default=None, help=f"a matrix TOML (default: {DEFAULT_MATRIX})")
     parser.add_argument("--out", default=None, help="output folder (default: outputs/bench/<matrix name>)")
+    parser.add_argument(
+        "--repeat", type=int, default=0, help="repetitions of every run, interleaved (default: the matrix's, 3)"
+    )
     parser.add_argument("--list", action="store_true", help="print the matrix and the commands it would run; run none")
     parser.add_argument("--only", default="", help="comma list of run names to run (the others are left out)")
     parser.add_argument("--force", action="store_true", help="rerun finished runs too")
     parser.add_argument("--retry-failed", action="store_true", help="rerun failed and unsupported runs")
     parser.add_argument("--report-only", action="store_true", help="rebuild report.md and plots from results.json")
+    parser.add_argument(
+        "--hardware",
+        default="",
+        help="planner profile calibrated for the predicted column (default: cpu on a CPU, none on GPUs; 'none' skips)",
+    )
     parser.add_argument("--compare-with", choices=["reference"], default="", help="add the article's figures")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a run failed or missed loss parity")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes taking part (multi-node: one driver per node)")
@@ -62,11 +72,18 @@ def make_launch(args: argparse.Namespace) -> Launch:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["compare"]:
+        from meshforge.bench.compare import main as compare_main
+
+        return compare_main(argv[1:])
     args = parse(argv)
     try:
         matrix = load_matrix(args.config or default_matrix_path())
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if args.repeat < 0:
+        raise ConfigError(f"--repeat {args.repeat}: use a positive number of repetitions (default {matrix.repeat})")
+    matrix = dataclasses.replace(matrix, repeat=args.repeat or matrix.repeat)
     out = Path(args.out or f"outputs/bench/{matrix.name}")
     launch = make_launch(args)
     check_train_args(matrix)
@@ -87,7 +104,7 @@ def main(argv: list[str]) -> int:
         results = sweep(matrix, plan, out, launch)
     if launch.node_rank != 0:
         return 0
-    finish(matrix, results, out, args.compare_with)
+    finish(matrix, results, out, args.compare_with, planner_hardware(args.hardware, results))
     return exit_code(results, args.strict)
 
 
@@ -111,12 +128,25 @@ def exit_code(results: dict[str, Any], strict: bool) -> int:
     return 0
 
 
-def finish(matrix: BenchMatrix, results: dict[str, Any], out: Path, compare_with: str) -> None:
-    """Parity, results.json, report.md and the plots; prints where they are."""
+def planner_hardware(choice: str, results: dict[str, Any]) -> str:
+    """The planner profile the leave-one-out predictions calibrate ('' for none)."""
+    if choice == "none":
+        return ""
+    return choice or ("cpu" if results["machine"]["device"] == "cpu" else "")
+
+
+def finish(matrix: BenchMatrix, results: dict[str, Any], out: Path, compare_with: str, hardware: str = "cpu") -> None:
+    """Parity, ratios with intervals, the planner's predictions, results.json, report.md and the plots."""
+    from meshforge.bench.analysis import attach_ratios
     from meshforge.bench.plots import write_plots
     from meshforge.bench.report import attach_parity, write_report
 
     attach_parity(results, {r.name: matrix.rtol_of(r) for r in matrix.runs})
+    attach_ratios(results)
+    if hardware and sum(r["status"] == "ok" for r in results["runs"]) > 2:
+        from meshforge.bench.predict import attach_predictions
+
+        attach_predictions(results, hardware, cache=out / "cache" / "prediction.json")
     write_json(out / "results.json", results)
     report = write_report(results, out, compare_with=compare_with)
     plots = write_plots(results, out)
@@ -124,26 +154,40 @@ def finish(matrix: BenchMatrix, results: dict[str, Any], out: Path, compare_with
 
 
 def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> dict[str, Any]:
-    """Run what the plan says must run (keeping the rest), with a live progress display; results.json after each."""
+    """Run what the plan says must run (keeping the rest), repetitions interleaved across runs (ABC ABC ABC, so a
+    slow minute of the machine falls on every run, not on one), with a live progress display; results.json after
+    every repetition. A run refused or failed in its first repetition is not repeated."""
     machine = machine_info()
     records = dict(plan.kept)
     todo = [run for run in plan.todo if launch.node_rank < launch.nodes_for(run.ranks)]
+    reps: dict[str, list[Repetition]] = {run.name: [] for run in todo}
     start = time.perf_counter()
+    with LoadSampler() as load, SweepDisplay(matrix, plan) as display:
 
-    def results() -> dict[str, Any]:
-        info = {"ran": len(todo), "reused": len(plan.kept), "wall_s": round(time.perf_counter() - start, 1)}
-        return build_results(matrix, [records[r.name] for r in plan.runs if r.name in records], machine, info)
+        def results() -> dict[str, Any]:
+            info = {
+                "ran": len(todo),
+                "reused": len(plan.kept),
+                "repeat": matrix.repeat,
+                "order": "interleaved",
+                "wall_s": round(time.perf_counter() - start, 1),
+                "load_avg_1m": load.summary(),
+            }
+            return build_results(matrix, [records[r.name] for r in plan.runs if r.name in records], machine, info)
 
-    with SweepDisplay(matrix, plan) as display:
-        for run in todo:
-            display.start(run)
-            record = run_one(matrix, run, out, launch, progress=display.step)
-            records[run.name] = record
-            if launch.node_rank == 0:
-                save_record(out, record)
-                write_json(out / "results.json", results())
-            display.done(run, record)
-    return results()
+        for index in range(matrix.repeat):
+            for run in todo:
+                if index and reps[run.name][0]["status"] != "ok":
+                    continue
+                display.start(run, index)
+                reps[run.name].append(run_one(matrix, run, out, launch, progress=display.step, index=index))
+                records[run.name] = make_record(matrix, run, reps[run.name])
+                if launch.node_rank == 0:
+                    if index == matrix.repeat - 1 or reps[run.name][0]["status"] != "ok":
+                        save_record(out, records[run.name])
+                    write_json(out / "results.json", results())
+                display.done(run, reps[run.name][-1], index)
+        return results()
 
 
 def print_matrix(matrix: BenchMatrix, out: Path, launch: Launch, compare_with: str) -> None:
@@ -196,14 +240,14 @@ class SweepDisplay:
             TimeElapsedColumn(),
             console=self.console,
         )
-        self.runs = self.progress.add_task("runs", total=len(self.todo))
+        self.runs = self.progress.add_task("runs", total=len(self.todo) * matrix.repeat)
         self.steps = self.progress.add_task("  steps", total=matrix.steps)
 
     def __enter__(self) -> SweepDisplay:
         kept = self.plan.kept
         self.console.print(
             f"meshforge bench {self.matrix.name}: {len(self.todo)} runs to go, {len(kept)} reused "
-            f"(finished earlier; --force reruns them)"
+            f"(finished earlier; --force reruns them); {self.matrix.repeat} repetitions each, interleaved"
         )
         for name, old in kept.items():
             self.console.print(f"  = {name:<22} {old['status']:<11} {self.summary(old)}")
@@ -213,19 +257,32 @@ class SweepDisplay:
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
-    def start(self, run: BenchRun) -> None:
+    def start(self, run: BenchRun, index: int = 0) -> None:
         left = [r.name for r in self.todo[self.todo.index(run) + 1 :]]
         more = f"  (then: {', '.join(left[:4])}{', ...' if len(left) > 4 else ''})" if left else ""
-        self.progress.update(self.runs, description=f"{run.name} on {run.ranks} ranks{more}")
+        rep = f" [{index + 1}/{self.matrix.repeat}]"
+        self.progress.update(self.runs, description=f"{run.name}{rep} on {run.ranks} ranks{more}")
         self.progress.reset(self.steps, total=self.matrix.steps)
 
     def step(self, logged: int) -> None:
         self.progress.update(self.steps, completed=logged)
 
-    def done(self, run: BenchRun, record: dict[str, Any]) -> None:
-        mark = {"ok": "ok", "unsupported": "--", "failed": "XX"}[record["status"]]
-        self.console.print(f"  {mark} {run.name:<22} {record['status']:<11} {self.summary(record)}")
+    def done(self, run: BenchRun, rep: Repetition, index: int = 0) -> None:
+        mark = {"ok": "ok", "unsupported": "--", "failed": "XX"}[rep["status"]]
+        line = f"  {mark} {run.name:<22} {rep['status']:<11} {self.rep_summary(rep)}"
+        self.console.print(line + (f"  [{index + 1}/{self.matrix.repeat}]" if self.matrix.repeat > 1 else ""))
         self.progress.advance(self.runs)
+
+    def rep_summary(self, rep: Repetition) -> str:
+        if rep["status"] != "ok":
+            return rep["error"][:160]
+        steps = [m for m in rep["metrics"] if m["step"] > self.matrix.warmup_steps]
+        tps = sorted(m["tps"] for m in steps)[len(steps) // 2] if steps else 0.0
+        memory = max((m["peak_memory_gib"] for m in steps), default=0.0)
+        return (
+            f"{tps:9.1f} tok/s/device  {memory:.3f} GiB  loss {rep['metrics'][-1]['loss']:.4f}  "
+            f"{rep['wall_s']:.1f} s (start-up {rep['startup_s'] or 0:.1f} s)"
+        )
 
     @staticmethod
     def summary(record: dict[str, Any]) -> str:

@@ -120,6 +120,10 @@ class BenchMatrix:
     baseline: str = ""
     parity_rtol: float = 1e-4
     note: str = ""
+    repeat: int = 3
+    """Repetitions of every run (each its own job), interleaved across runs; `--repeat N` overrides it."""
+    confidence: float = 0.95
+    """Confidence level of the bootstrap intervals and of the ranking's "separable"."""
     overrides: dict[str, Any] = field(default_factory=dict)
     scaling: dict[str, list[str]] = field(default_factory=dict)
     source: str = ""
@@ -335,6 +339,11 @@ def validate(matrix: BenchMatrix) -> None:
         raise ValueError(f"bench.dtype = {matrix.dtype!r}; choose one of {', '.join(DTYPES)}")
     if matrix.warmup_steps < 0 or matrix.measured_steps < 1:
         raise ValueError("bench.warmup_steps must be >= 0 and bench.measured_steps >= 1")
+    if matrix.repeat < 1 or not 0.5 <= matrix.confidence < 1:
+        raise ValueError(
+            f"bench.repeat = {matrix.repeat}, bench.confidence = {matrix.confidence}: need repeat >= 1 and "
+            "0.5 <= confidence < 1 (e.g. 3 and 0.95)"
+        )
     names = [r.name for r in matrix.runs]
     if len(set(names)) != len(names):
         raise ValueError(f"run names must be unique; {sorted(n for n in names if names.count(n) > 1)[0]!r} repeats")

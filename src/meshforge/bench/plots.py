@@ -23,6 +23,7 @@ def write_plots(results: dict[str, Any], out_dir: Path) -> list[Path]:
         scaling_plot(results, out_dir / "scaling.png"),
         bar_plot(results, out_dir / "memory.png", "peak_memory_gib", "peak memory per rank (GiB)", "lower is better"),
         loss_plot(results, out_dir / "loss.png"),
+        prediction_plot(results, out_dir / "prediction.png"),
     ]
     return paths
 
@@ -134,6 +135,40 @@ def loss_plot(results: dict[str, Any], path: Path) -> Path:
         if curves.get_legend_handles_labels()[0]:
             curves.legend(fontsize=7)
     fig.suptitle(f"Loss per step, all strategies (same model, data and global batch)\n{subtitle(results)}", fontsize=10)
+    return save(fig, path)
+
+
+def prediction_plot(results: dict[str, Any], path: Path) -> Path:
+    """Predicted (planner, leave-one-out) vs measured tokens/s per device, log-log, with y = x and a +-25 % band."""
+    rows = [r for r in results["runs"] if r["status"] == "ok" and r.get("predicted_tps_per_device")]
+    fig, ax = plt.subplots(figsize=(7, 6))
+    if not rows:
+        ax.text(0.5, 0.5, "no prediction (too few runs, or --hardware none)", ha="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return save(fig, path)
+    measured = [r["tps_per_device"] for r in rows]
+    predicted = [r["predicted_tps_per_device"] for r in rows]
+    for r, x, y in zip(rows, measured, predicted, strict=True):
+        emulated = r.get("flags", {}).get("float8_emulate", False)
+        ci = r.get("tps_per_device_ci") or [x, x]
+        ax.errorbar(x, y, xerr=[[x - ci[0]], [ci[1] - x]], fmt="x" if emulated else "o", color=BAD if emulated else OK)
+        ax.annotate(r["name"], (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    low, high = min(measured + predicted) / 1.5, max(measured + predicted) * 1.5
+    ax.plot([low, high], [low, high], color="black", linewidth=1, label="predicted = measured")
+    ax.fill_between([low, high], [low / 1.25, high / 1.25], [low * 1.25, high * 1.25], color="gray", alpha=0.15,
+                    label="within 25 %")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("measured tokens/s per device (median, CI whiskers)")
+    ax.set_ylabel("predicted tokens/s per device (planner, leave-one-out)")
+    loo = results.get("prediction") or {}
+    error = loo.get("median_abs_error")
+    note = "" if error is None else f"; median |error| {error:.0%} ({loo.get('runs_scored')} runs, x: not scored)"
+    ax.set_title(f"Planner vs measurement{note}\n{subtitle(results)}", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left")
     return save(fig, path)
 
 

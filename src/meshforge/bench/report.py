@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from meshforge.bench import analysis
 from meshforge.bench.reference import CLAIMS, article_ratio, figure
 
 Record = dict[str, Any]
@@ -87,24 +88,30 @@ def baseline_record(results: dict[str, Any]) -> Record | None:
 
 
 def main_table(results: dict[str, Any]) -> list[str]:
-    """Every run: the article's columns (configuration, TPS/device, memory) plus ratio, spread, loss and parity."""
+    """Every run: the article's columns (configuration, TPS/device, memory) plus the interval, the ratio to the
+    baseline with its interval, the planner's leave-one-out prediction, loss and parity."""
     base = baseline_record(results)
-    base_tps = base["tps_per_device"] if base else None
     base_mem = base["peak_memory_gib"] if base else None
+    level = analysis.confidence_of(results)
     lines = [
-        "| Configuration | Ranks | TPS/device (median) | IQR | vs baseline | Job tokens/s | TFLOPs | MFU % "
-        "| Memory GiB | Memory vs baseline | Loss at last step | Parity (max rel. diff) | Status |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| Configuration | Ranks | TPS/device (median) | {level:.0%} CI | vs baseline ({level:.0%} CI) | Job tokens/s "
+        "| TFLOPs | MFU % | Memory GiB | Memory vs baseline | Predicted (leave-one-out) | Error "
+        "| Loss at last step | Parity (max rel. diff) | Status |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in (r for r in results["runs"] if r["group"] != "scaling"):
-        iqr = r.get("tps_per_device_iqr")
+        predicted, error = analysis.prediction_cells(r)
         lines.append(
             f"| {r['label']} (`{r['name']}`) | {r['world_size']} | {fmt(r['tps_per_device'])} | "
-            f"{'-' if not iqr else f'{iqr[0]:,.1f}-{iqr[1]:,.1f}'} | {ratio(r['tps_per_device'], base_tps)} | "
+            f"{analysis.ci_cell(r)} | {analysis.ratio_cell(r)} | "
             f"{fmt(r['job_tps'])} | {fmt(r['tflops'], 4)} | {fmt(r['mfu_pct'], 2)} | {fmt(r['peak_memory_gib'], 3)} | "
-            f"{ratio(r['peak_memory_gib'], base_mem)} | {fmt(r['final_loss'], 4)} | "
+            f"{ratio(r['peak_memory_gib'], base_mem)} | {predicted} | {error} | {fmt(r['final_loss'], 4)} | "
             f"{parity_cell(r)} | {r['status']} |"
         )
+    lines.append(
+        "\n`*`: the ratio's interval excludes 1 (faster or slower than the baseline beyond noise). Memory is the "
+        "peak over the measured steps of all repetitions."
+    )
     return lines
 
 
@@ -154,7 +161,7 @@ def group_table(results: dict[str, Any], title: str, rows: list[Record], extra: 
 
 
 def failures(results: dict[str, Any]) -> list[str]:
-    bad = [r for r in results["runs"] if r["status"] != "ok"]
+    bad = [r for r in results["runs"] if r["status"] != "ok" or r.get("error")]
     if not bad:
         return ["\nEvery configuration ran."]
     lines = ["\n## Configurations that did not run\n", "| Run | Status | Reason |", "|---|---|---|"]
@@ -189,9 +196,9 @@ def setup_lines(results: dict[str, Any]) -> list[str]:
         f"- Model `{bench['flavor']}`, {bench['dtype']}, seq {bench['seq_len']} and global batch "
         f"{bench['global_batch_size']} sequences (unless a run states otherwise), same seed and data for every run: "
         "the loss curves of runs with the same sequence length and batch must coincide.",
-        f"- {bench['warmup_steps']} warm-up steps (not timed), then {bench['measured_steps']} measured steps; each "
-        "figure is the median over the measured steps, with the inter-quartile range (IQR). Memory: peak over the "
-        "measured steps, maximum over ranks.",
+        f"- {bench['warmup_steps']} warm-up steps (not timed), then {bench['measured_steps']} measured steps per "
+        "repetition; each figure is the median over the measured steps of all repetitions, with a bootstrap "
+        "confidence interval (CI). Memory: peak over the measured steps, maximum over ranks.",
     ]
     if machine["device"] == "cuda":
         lines.append(f"- Hardware: {machine['gpus']} x {machine['gpu_name']} per node, NCCL; torch {machine['torch']}.")
@@ -201,6 +208,7 @@ def setup_lines(results: dict[str, Any]) -> list[str]:
             f"{machine['torch']}. Load average before the sweep: {fmt(machine.get('load_avg_1m_before'), 2)}."
         )
         lines += cpu_caveats(machine["cpu_cores"])
+    lines += analysis.machine_lines(results)
     if bench.get("note"):
         lines.append(f"- {bench['note']}")
     if sweep:
@@ -261,6 +269,8 @@ def reference_table(results: dict[str, Any]) -> list[str]:
 def timing_table(results: dict[str, Any]) -> list[str]:
     lines = [
         "\n## Run times\n",
+        "Per repetition (medians over the repetitions): start-up is the wall time outside the steps (process start, "
+        "imports, set-up, shutdown), reported apart from the steady-state step time.\n",
         "| Run | Wall s | Start-up s | Step time s (median) | Load average (1 min) at the end |",
         "|---|---:|---:|---:|---:|",
     ]
@@ -277,6 +287,7 @@ PLOTS = (
     ("scaling.png", "Throughput vs number of ranks (higher is better)"),
     ("memory.png", "Peak memory per strategy (GiB per rank, lower is better)"),
     ("loss.png", "Loss curves, all strategies overlaid"),
+    ("prediction.png", "The planner's leave-one-out prediction vs the measurement"),
 )
 
 
@@ -288,6 +299,7 @@ def render_report(results: dict[str, Any], *, compare_with: str = "", plots_pref
     lines = [
         f"# meshforge bench: {results['bench']['name']}",
         "",
+        *analysis.noise_lines(results),
         *winner_lines(results),
         "",
         "## Setup",
@@ -297,10 +309,13 @@ def render_report(results: dict[str, Any], *, compare_with: str = "", plots_pref
         f"## Strategies (baseline: `{results['bench'].get('baseline') or '-'}`)",
         "",
         *main_table(results),
+        *analysis.prediction_lines(results),
+        *analysis.ranking_lines(results),
         *scaling_tables(results),
         *group_table(results, "Pipeline schedules", pp_rows, "Bubble %"),
         *group_table(results, "Context parallel at several sequence lengths", cp_rows, "Step time s"),
         *failures(results),
+        *analysis.statistics_table(results),
     ]
     if compare_with == "reference":
         lines += reference_table(results)

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -22,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshforge.bench.machine import cpu_cores, load_average
 from meshforge.bench.matrix import BenchMatrix, BenchRun
+from meshforge.bench.record import Repetition
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: repetitions, bootstrap intervals, raw step values, machine state
 FINISHED = ("ok", "failed", "unsupported")
 
 
@@ -84,13 +84,6 @@ def threads_per_rank(matrix: BenchMatrix, run: BenchRun) -> int:
     return max(1, cpu_cores() // run.ranks)
 
 
-def cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def hardware_refusal(run: BenchRun, launch: Launch) -> str:
     """Why this machine cannot start the run at all ('' if it can): too few local GPUs for a one-node run."""
     import torch
@@ -107,29 +100,58 @@ def hardware_refusal(run: BenchRun, launch: Launch) -> str:
 
 
 def run_one(
-    matrix: BenchMatrix, run: BenchRun, out_dir: Path, launch: Launch, progress: Callable[[int], None] | None = None
-) -> dict[str, Any]:
-    """Start one run, wait for it (bounded by its timeout), and summarise it into a record."""
-    folder = out_dir / "runs" / run.name
+    matrix: BenchMatrix,
+    run: BenchRun,
+    out_dir: Path,
+    launch: Launch,
+    progress: Callable[[int], None] | None = None,
+    index: int = 0,
+) -> Repetition:
+    """Start one repetition of a run (in ``runs/<name>/rep<index>/``), wait for it (bounded by its timeout), and
+    return what it did (bench/record.py combines the repetitions of a run into its record)."""
+    folder = out_dir / "runs" / run.name / f"rep{index}"
     folder.mkdir(parents=True, exist_ok=True)
     metrics_path = folder / "metrics.jsonl"
     if launch.node_rank == 0:
         metrics_path.unlink(missing_ok=True)
     cmd = command(matrix, run, str(folder), launch)
+    rep: Repetition = {"index": index, "command": cmd, "metrics": [], "wall_s": 0.0, "startup_s": None}
+    rep["threads_per_rank"] = threads_per_rank(matrix, run)
     refusal = layout_refusal(matrix, run) or hardware_refusal(run, launch)
     if refusal:
-        return make_record(matrix, run, cmd, [], 0.0, "unsupported", refusal)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank(matrix, run)), "PYTHONUNBUFFERED": "1"}
+        return rep | {"status": "unsupported", "error": refusal, "load_avg_1m": load_average()}
     start = time.perf_counter()
     suffix = "" if launch.node_rank == 0 else f".node{launch.node_rank}"
     with (folder / f"stdout{suffix}.log").open("w") as out, (folder / f"stderr{suffix}.log").open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=run_env(matrix, run, out_dir), start_new_session=True)
         timed_out = wait(proc, matrix.timeout_of(run), metrics_path, progress)
     wall = time.perf_counter() - start
     metrics = read_metrics(metrics_path)
     logs = (folder / f"stdout{suffix}.log", folder / f"stderr{suffix}.log")
     status, error = classify(proc.returncode, timed_out, matrix.timeout_of(run), logs, metrics, matrix.steps)
-    return make_record(matrix, run, cmd, metrics, wall, status, error)
+    return rep | {
+        "status": status,
+        "error": error,
+        "metrics": metrics,
+        "wall_s": round(wall, 2),
+        "startup_s": startup_s(metrics, wall),
+        "load_avg_1m": load_average(),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def startup_s(metrics: list[dict[str, Any]], wall_s: float) -> float | None:
+    """Wall time outside the steps: process start, imports, set-up (and the shutdown after the last step)."""
+    return round(wall_s - metrics[-1]["elapsed_s"], 2) if metrics and wall_s else None
+
+
+def run_env(matrix: BenchMatrix, run: BenchRun, out_dir: Path) -> dict[str, str]:
+    """The environment of a run: OMP threads per rank, unbuffered output, and one inductor cache for the whole sweep
+    (kept between runs and sweeps under OUT/cache/, unless the caller chose one): a compile run pays the cold compile
+    once, not once per repetition."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank(matrix, run)), "PYTHONUNBUFFERED": "1"}
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str((out_dir / "cache" / "inductor").resolve()))
+    return env
 
 
 def wait(
@@ -223,102 +245,6 @@ def error_line(text: str) -> str:
     return tail[-1][:500] if tail else ""
 
 
-def median_spread(values: list[float]) -> tuple[float | None, list[float] | None]:
-    """Median and inter-quartile range [q1, q3] (both ends equal to the value for a single measurement)."""
-    if not values:
-        return None, None
-    if len(values) == 1:
-        return values[0], [values[0], values[0]]
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return statistics.median(values), [q1, q3]
-
-
-def _median(values: list[Any]) -> float | None:
-    clean = [v for v in values if v is not None]
-    return statistics.median(clean) if clean else None
-
-
-def make_record(
-    matrix: BenchMatrix,
-    run: BenchRun,
-    cmd: list[str],
-    metrics: list[dict[str, Any]],
-    wall_s: float,
-    status: str,
-    error: str,
-) -> dict[str, Any]:
-    """One results.json record: the run's setup, then figures over the measured steps (after warm-up)."""
-    measured = [m for m in metrics if m["step"] > matrix.warmup_steps] if status == "ok" else []
-    tps, iqr = median_spread([m["tps"] for m in measured])
-    record: dict[str, Any] = {
-        "name": run.name,
-        "label": run.describe() + (f", seq {run.seq_len}" if run.seq_len and run.seq_len != matrix.seq_len else ""),
-        "group": run.group,
-        "layout": run.layout(),
-        "flags": matrix.flags_of(run),
-        "flavor": matrix.flavor,
-        "dtype": matrix.dtype,
-        "seq_len": matrix.seq_len_of(run),
-        "global_batch_size": matrix.global_batch_of(run),
-        "local_batch_size": matrix.local_batch_size(run),
-        "gradient_accumulation_steps": run.gradient_accumulation_steps,
-        "world_size": run.ranks,
-        "threads_per_rank": threads_per_rank(matrix, run),
-        "steps": matrix.steps,
-        "warmup_steps": matrix.warmup_steps,
-        "measured_steps": len(measured),
-        "tps_per_device": tps,
-        "tps_per_device_iqr": iqr,
-        "tps_per_device_min": min((m["tps"] for m in measured), default=None),
-        "tps_per_device_max": max((m["tps"] for m in measured), default=None),
-        "job_tps": None if tps is None else tps * run.ranks,
-        "tflops": _median([m.get("tflops") for m in measured]),
-        "mfu_pct": _median([m.get("mfu_pct") for m in measured]),
-        "peak_memory_gib": max((m["peak_memory_gib"] for m in measured), default=None),
-        "step_time_s": _median([m.get("step_time_s") for m in measured]),
-        "data_loading_pct": _median([m.get("data_loading_pct") for m in measured]),
-        "bubble_pct": _median([m.get("bubble_pct") for m in measured]),
-        "final_loss": metrics[-1]["loss"] if metrics else None,
-        "loss_curve": [[m["step"], m["loss"]] for m in metrics],
-        "wall_s": round(wall_s, 2),
-        "startup_s": round(wall_s - metrics[-1]["elapsed_s"], 2) if metrics and wall_s else None,
-        "status": status,
-        "error": error,
-        "reference": run.reference,
-        "command": cmd,
-        "fingerprint": matrix.fingerprint(run),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
-    return record
-
-
-def machine_info() -> dict[str, Any]:
-    """What the figures were measured on: CPU model and cores, accelerators, torch version, load before the sweep."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cuda = torch.cuda.is_available()
-    return {
-        "cpu": cpu,
-        "cpu_cores": cpu_cores(),
-        "device": "cuda" if cuda else "cpu",
-        "gpus": torch.cuda.device_count() if cuda else 0,
-        "gpu_name": torch.cuda.get_device_name(0) if cuda else "",
-        "backend": "nccl" if cuda else "gloo",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "load_avg_1m_before": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    }
-
-
 def record_path(out_dir: Path, name: str) -> Path:
     return out_dir / "runs" / name / "record.json"
 
@@ -332,6 +258,8 @@ def previous_record(out_dir: Path, matrix: BenchMatrix, run: BenchRun) -> dict[s
         return None
     if record.get("fingerprint") != matrix.fingerprint(run) or record.get("status") not in FINISHED:
         return None
+    if record.get("status") == "ok" and len(record.get("repetitions", [])) < matrix.repeat:
+        return None  # measured with fewer repetitions than asked for now
     return record
 
 
@@ -401,6 +329,8 @@ def build_results(
             "measured_steps": matrix.measured_steps,
             "baseline": matrix.baseline,
             "parity_rtol": matrix.parity_rtol,
+            "repeat": matrix.repeat,
+            "confidence": matrix.confidence,
             "note": matrix.note,
             "scaling": matrix.scaling,
         },

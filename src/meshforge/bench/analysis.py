@@ -1,0 +1,148 @@
+"""The statistical part of the report: ratios to the baseline with intervals, the ranking, the noise of the sweep,
+the machine's state and the planner's leave-one-out predictions (report.py places these sections)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshforge.bench import stats
+from meshforge.bench.machine import noise_warnings
+
+Record = dict[str, Any]
+
+
+def _ok(results: dict[str, Any]) -> list[Record]:
+    return [r for r in results["runs"] if r["status"] == "ok" and r.get("tps_steps")]
+
+
+def confidence_of(results: dict[str, Any]) -> float:
+    return float(results["bench"].get("confidence") or stats.CONFIDENCE)
+
+
+def attach_ratios(results: dict[str, Any]) -> None:
+    """Each ok record gains ``ratio_to_baseline`` [median ratio, low, high] and ``separable_from_baseline``."""
+    name = results["bench"].get("baseline")
+    base = next((r for r in _ok(results) if r["name"] == name), None)
+    for record in results["runs"]:
+        record["ratio_to_baseline"], record["separable_from_baseline"] = None, None
+        if base is None or record["status"] != "ok" or not record.get("tps_steps"):
+            continue
+        ratio = stats.ratio_ci(record["tps_steps"], base["tps_steps"], confidence_of(results))
+        record["ratio_to_baseline"] = [ratio.median, ratio.low, ratio.high]
+        record["separable_from_baseline"] = record is not base and ratio.excludes(1.0)
+
+
+def ci_cell(record: Record) -> str:
+    ci = record.get("tps_per_device_ci")
+    return "-" if not ci else f"{ci[0]:,.1f}-{ci[1]:,.1f}"
+
+
+def ratio_cell(record: Record) -> str:
+    """'1.23x (1.10-1.31) *': the ratio to the baseline, its interval, and a star when it excludes 1."""
+    ratio = record.get("ratio_to_baseline")
+    if not ratio:
+        return "-"
+    star = " *" if record.get("separable_from_baseline") else ""
+    return f"{ratio[0]:.2f}x ({ratio[1]:.2f}-{ratio[2]:.2f}){star}"
+
+
+def prediction_cells(record: Record) -> tuple[str, str]:
+    """(predicted tokens/s per device, its error) for the strategies table."""
+    value, error = record.get("predicted_tps_per_device"), record.get("prediction_error")
+    if value is None:
+        return "-", "-"
+    note = " (emulated Float8: not scored)" if record.get("flags", {}).get("float8_emulate") else ""
+    return f"{value:,.1f}", f"{error:+.0%}{note}"
+
+
+def ranking_lines(results: dict[str, Any]) -> list[str]:
+    """Strategies at the baseline's world size and sequence length, fastest first; '>' where the ratio's interval
+    excludes 1 (separable at the chosen confidence), '~' where these data cannot tell the two apart."""
+    pool = [r for r in _ok(results) if r["group"] == "strategy"]
+    base = next((r for r in pool if r["name"] == results["bench"].get("baseline")), None)
+    if base is not None:
+        pool = [r for r in pool if (r["world_size"], r["seq_len"]) == (base["world_size"], base["seq_len"])]
+    if len(pool) < 2:
+        return []
+    level = confidence_of(results)
+    places = stats.ranking({r["name"]: r["tps_steps"] for r in pool}, level)
+    chain = ""
+    for place in places:
+        chain += f"`{place.name}`"
+        if place.separable_from_next is not None:
+            chain += " > " if place.separable_from_next else " ~ "
+    separable = sum(bool(p.separable_from_next) for p in places)
+    return [
+        f"\n## Ranking (tokens/s per device, {len(pool)} strategies at {pool[0]['world_size']} ranks)\n",
+        chain,
+        "",
+        f"`>`: the next one down is slower beyond noise (the {level:.0%} bootstrap interval of the ratio of their "
+        f"medians excludes 1); `~`: these data cannot tell the two apart. {separable} of {len(places) - 1} "
+        "neighbouring pairs are separable.",
+    ]
+
+
+def statistics_table(results: dict[str, Any]) -> list[str]:
+    """Per run: repetitions, measured steps, the median and its interval, each repetition's median, outlier steps."""
+    level = confidence_of(results)
+    lines = [
+        "\n## Statistics per run\n",
+        f"Medians over the steady-state steps of all repetitions; {level:.0%} interval from a two-level bootstrap "
+        "(repetitions, then steps; 2000 resamples, seeded); outliers are steps beyond 1.5 IQR of the run's steps "
+        "(kept in the median, listed as repetition:step = tokens/s).\n",
+        "| Run | Repetitions | Steps | Median | Interval | +- % | Per repetition | Outlier steps |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in results["runs"]:
+        if r["status"] != "ok" or r.get("tps_per_device_ci") is None:
+            continue
+        per_rep = ", ".join("-" if x.get("tps_per_device") is None else f"{x['tps_per_device']:,.0f}"
+                            for x in r.get("repetitions", []))  # fmt: skip
+        outs = ", ".join(f"{rep}:{step} = {value:,.0f}" for rep, step, value in r.get("outlier_steps", [])) or "-"
+        half = r.get("tps_per_device_ci_half_width") or 0.0
+        lines.append(
+            f"| `{r['name']}` | {len(r.get('repetitions', []))} | {r['measured_steps']} | "
+            f"{r['tps_per_device']:,.1f} | {ci_cell(r)} | {100 * half:.1f} | {per_rep} | {outs} |"
+        )
+    return lines
+
+
+def noise_lines(results: dict[str, Any]) -> list[str]:
+    """A warning block at the top of the report when the sweep was noisy; nothing when it was not."""
+    warnings = noise_warnings(results["machine"], results.get("sweep", {}), results["runs"])
+    if not warnings:
+        return []
+    return ["> **Noisy sweep: read the figures with care.**", *[f"> - {w}" for w in warnings], ""]
+
+
+def machine_lines(results: dict[str, Any]) -> list[str]:
+    """The machine's state: clocks where readable, load before and during the sweep, the order of the runs."""
+    machine, sweep = results["machine"], results.get("sweep", {})
+    mhz = machine.get("cpu_mhz") or []
+    freq = machine.get("cpufreq") or {}
+    clock = f"{min(mhz):,.0f}-{max(mhz):,.0f} MHz (/proc/cpuinfo)" if mhz else "not reported by /proc/cpuinfo"
+    if freq:
+        clock += ", cpufreq " + ", ".join(f"{k} {v}" for k, v in freq.items())
+    during = sweep.get("load_avg_1m") or {}
+    load = f"{during['min']:.2f} / {during['median']:.2f} / {during['max']:.2f}" if during.get("samples") else "-"
+    repeat = sweep.get("repeat", results["bench"].get("repeat", 1))
+    return [
+        f"- Machine state: clock {clock}; 1-minute load average before the sweep "
+        f"{machine.get('load_avg_1m_before') or 0:.2f}, during it (min / median / max of {during.get('samples', 0)} "
+        f"samples) {load}.",
+        f"- Every run repeated {repeat} times, each repetition its own job, {sweep.get('order', 'in order')} across "
+        "runs (run A, B, C, then A, B, C again), so a slow minute of the machine falls on every run.",
+    ]
+
+
+def prediction_lines(results: dict[str, Any]) -> list[str]:
+    """The planner's leave-one-out accuracy on this machine, one paragraph."""
+    loo = results.get("prediction")
+    if not loo or loo.get("median_abs_error") is None:
+        return []
+    return [
+        f"\n**Planner beside the measurements**: `Predicted` is `meshforge plan`'s tokens/s per device with the "
+        f"`{loo['hardware']}` profile calibrated on this sweep's other runs (leave-one-out: the run itself was not "
+        f"fitted). Median absolute error over {loo['runs_scored']} runs: **{loo['median_abs_error']:.0%}**. Plot: "
+        "`prediction.png`.",
+    ]

@@ -1,0 +1,148 @@
+"""The machine a sweep ran on and its state: CPU model, cores, clock frequency where readable, load before and during.
+
+A benchmark on a shared machine measures the neighbours too. The load average is read before the sweep starts and
+sampled while it runs (a background thread reading /proc/loadavg), and a sweep that started on a busy machine or
+whose intervals came out wide says so in its report (``noise_warnings``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from meshforge.bench.stats import NOISY_HALF_WIDTH
+
+CPUFREQ = Path("/sys/devices/system/cpu/cpu0/cpufreq")
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def cpu_model(cpuinfo: str) -> str:
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cpu_mhz(cpuinfo: str) -> list[float]:
+    """Current clock of each logical CPU as /proc/cpuinfo reports it (empty where it does not)."""
+    return [float(line.split(":", 1)[1]) for line in cpuinfo.splitlines() if line.startswith("cpu MHz")]
+
+
+def cpufreq(folder: Path = CPUFREQ) -> dict[str, Any]:
+    """cpu0's frequency policy (kHz -> MHz) and governor where the kernel exposes cpufreq (VMs often do not)."""
+    out: dict[str, Any] = {}
+    for key in ("scaling_cur_freq", "scaling_min_freq", "scaling_max_freq", "cpuinfo_max_freq"):
+        try:
+            out[key.replace("_freq", "_mhz")] = int((folder / key).read_text()) / 1000
+        except (OSError, ValueError):
+            continue
+    with contextlib.suppress(OSError):
+        out["governor"] = (folder / "scaling_governor").read_text().strip()
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures were measured on: CPU model, cores, clocks, accelerators, versions, load before the sweep."""
+    import torch
+
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    cuda = torch.cuda.is_available()
+    mhz = cpu_mhz(cpuinfo)
+    return {
+        "cpu": cpu_model(cpuinfo),
+        "cpu_cores": cpu_cores(),
+        "cpu_mhz": [round(m) for m in mhz],
+        "cpufreq": cpufreq(),
+        "device": "cuda" if cuda else "cpu",
+        "gpus": torch.cuda.device_count() if cuda else 0,
+        "gpu_name": torch.cuda.get_device_name(0) if cuda else "",
+        "backend": "nccl" if cuda else "gloo",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_avg_1m_before": load_average(),
+    }
+
+
+class LoadSampler:
+    """Samples the 1-minute load average every ``interval_s`` in a daemon thread while the sweep runs."""
+
+    def __init__(self, interval_s: float = 5.0):
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-load-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            value = load_average()
+            if value is not None:
+                self.samples.append(value)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+    def summary(self) -> dict[str, Any]:
+        """min / median / max of the samples so far, and their count."""
+        values = sorted(self.samples)
+        if not values:
+            return {"samples": 0}
+        return {
+            "samples": len(values),
+            "min": values[0],
+            "median": values[len(values) // 2],
+            "max": values[-1],
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+
+
+def noise_warnings(machine: dict[str, Any], sweep: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+    """Why this sweep's figures may not be trusted: a busy machine before or during it, or wide intervals."""
+    cores = machine.get("cpu_cores") or 1
+    warnings = []
+    before = machine.get("load_avg_1m_before")
+    if before is not None and before > cores:
+        warnings.append(
+            f"the machine was busy before the sweep started (load average {before:.2f} on {cores} cores): other "
+            "processes shared the cores the ranks ran on"
+        )
+    during = (sweep.get("load_avg_1m") or {}).get("max")
+    used = max((r.get("world_size", 1) for r in records if r.get("status") == "ok"), default=1)
+    if during is not None and during > max(cores, used) + 1:
+        warnings.append(
+            f"load average reached {during:.2f} during the sweep, above what its own ranks ({used}) and the cores "
+            f"({cores}) explain"
+        )
+    wide = [r["name"] for r in records if (r.get("tps_per_device_ci_half_width") or 0) > NOISY_HALF_WIDTH]
+    if wide:
+        warnings.append(
+            f"{len(wide)} run(s) have a confidence interval wider than +-{NOISY_HALF_WIDTH:.0%} of their median "
+            f"({', '.join(wide[:6])}{', ...' if len(wide) > 6 else ''}): rerun them on a quieter machine or with "
+            "more --repeat"
+        )
+    return warnings

@@ -1,0 +1,139 @@
+"""Statistics of repeated runs: medians with bootstrap confidence intervals, ratios, outliers, a separable ranking.
+
+A run is repeated (``--repeat N``, each repetition its own process) and each repetition logs several steady-state
+steps. Steps of one process are correlated (same memory layout, same neighbours on the cores), so the intervals come
+from a two-level (hierarchical) bootstrap, as pyperf treats processes and values: resample the repetitions with
+replacement, then the steps inside each drawn repetition, and take the median of the pooled draw. The interval of a
+ratio bootstraps numerator and denominator independently. Everything is seeded: the same data give the same intervals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+SEED = 0
+IQR_FENCE = 1.5
+"""Tukey's fences: a step beyond 1.5 inter-quartile ranges outside the quartiles of its run is an outlier."""
+NOISY_HALF_WIDTH = 0.10
+"""A run whose interval's half-width exceeds 10 % of its median is too noisy to rank with confidence."""
+
+Samples = Sequence[Sequence[float]]
+"""Per repetition, its steady-state per-step values (tokens/s per device)."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A median and its bootstrap confidence interval."""
+
+    median: float
+    low: float
+    high: float
+    confidence: float = CONFIDENCE
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width relative to the median (0.05: +-5 %)."""
+        return (self.high - self.low) / 2 / abs(self.median) if self.median else float("inf")
+
+    def excludes(self, value: float) -> bool:
+        return not self.low <= value <= self.high
+
+    def as_list(self) -> list[float]:
+        return [self.low, self.high]
+
+
+def _clean(samples: Samples) -> list[np.ndarray]:
+    groups = [np.asarray(g, dtype=float) for g in samples if len(g)]
+    if not groups:
+        raise ValueError("no samples: a run with no measured step has no median")
+    return groups
+
+
+def bootstrap_medians(samples: Samples, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
+    """``resamples`` medians of two-level bootstrap draws (repetitions, then steps within each), vectorised."""
+    groups = _clean(samples)
+    lengths = np.array([len(g) for g in groups])
+    padded = np.full((len(groups), lengths.max()), np.nan)
+    for i, g in enumerate(groups):
+        padded[i, : len(g)] = g
+    rng = np.random.default_rng(seed)
+    picked = rng.integers(len(groups), size=(resamples, len(groups)))  # (resample, repetition drawn)
+    size = lengths[picked][..., None]  # (resample, repetition, 1)
+    steps = (rng.random((resamples, len(groups), lengths.max())) * size).astype(int)  # (resample, rep, step)
+    values = padded[picked[..., None], steps]
+    values[np.arange(lengths.max()) >= size] = np.nan  # a shorter repetition draws only its own count of steps
+    return np.nanmedian(values.reshape(resamples, -1), axis=1)
+
+
+def median_ci(
+    samples: Samples, confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = SEED
+) -> Interval:
+    """The median of all values and its percentile bootstrap interval at ``confidence``."""
+    medians = bootstrap_medians(samples, resamples, seed)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return Interval(float(np.median(np.concatenate(_clean(samples)))), float(low), float(high), confidence)
+
+
+def ratio_ci(
+    numerator: Samples,
+    denominator: Samples,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> Interval:
+    """median(numerator) / median(denominator) and its bootstrap interval (the two resampled independently)."""
+    top = bootstrap_medians(numerator, resamples, seed)
+    bottom = bootstrap_medians(denominator, resamples, seed + 1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(top / bottom, [tail, 100 - tail])
+    point = float(np.median(np.concatenate(_clean(numerator))) / np.median(np.concatenate(_clean(denominator))))
+    return Interval(point, float(low), float(high), confidence)
+
+
+def outliers(samples: Samples, fence: float = IQR_FENCE) -> list[tuple[int, int, float]]:
+    """(repetition, step index within it, value) of every value beyond Tukey's fences of all values pooled."""
+    groups = _clean(samples)
+    q1, q3 = np.percentile(np.concatenate(groups), [25, 75])
+    low, high = q1 - fence * (q3 - q1), q3 + fence * (q3 - q1)
+    return [(rep, i, float(v)) for rep, group in enumerate(groups) for i, v in enumerate(group) if not low <= v <= high]
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One place of a ranking: the run, its interval, and whether it is separable from the next one down."""
+
+    name: str
+    interval: Interval
+    separable_from_next: bool | None  # None for the last place
+    ratio_to_next: Interval | None
+
+
+def ranking(runs: dict[str, Samples], confidence: float = CONFIDENCE, seed: int = SEED) -> list[Ranked]:
+    """Runs from fastest to slowest median; each place says whether the ratio to the next one's interval excludes 1
+    (the difference is beyond noise at ``confidence``) or not (the two cannot be told apart by these data)."""
+    intervals = {name: median_ci(s, confidence, seed=seed) for name, s in runs.items()}
+    order = sorted(intervals, key=lambda n: -intervals[n].median)
+    places = []
+    for i, name in enumerate(order):
+        nxt = order[i + 1] if i + 1 < len(order) else None
+        ratio = ratio_ci(runs[name], runs[nxt], confidence, seed=seed) if nxt else None
+        places.append(Ranked(name, intervals[name], ratio.excludes(1.0) if ratio else None, ratio))
+    return places
+
+
+def separable_pairs(runs: dict[str, Samples], confidence: float = CONFIDENCE, seed: int = SEED) -> dict[str, str]:
+    """For every pair whose ratio interval excludes 1: "a>b" -> the faster's name. (Pairs are keyed "a|b", a < b.)"""
+    names = sorted(runs)
+    out = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            ratio = ratio_ci(runs[a], runs[b], confidence, seed=seed)
+            if ratio.excludes(1.0):
+                out[f"{a}|{b}"] = a if ratio.median > 1 else b
+    return out
