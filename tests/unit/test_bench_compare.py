@@ -1,0 +1,99 @@
+"""`meshforge bench compare` on two synthetic results files: a real regression is flagged, noise is not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshforge.bench import compare
+from meshforge.config.io import ConfigError
+
+
+def record(name: str, median: float, noise: float, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    steps = [[round(float(v), 2) for v in median * (1 + noise * rng.standard_normal(4))] for _ in range(3)]
+    return {"name": name, "status": "ok", "tps_per_device": float(np.median(steps)), "tps_steps": steps}
+
+
+def noisy(scale: float) -> dict:
+    steps = [[80.0, 120.0, 95.0, 105.0], [115.0, 85.0, 100.0, 130.0], [90.0, 100.0, 120.0, 70.0]]
+    steps = [[v * scale for v in rep] for rep in (steps if scale == 1 else steps[::-1])]
+    return {"name": "noisy", "status": "ok", "tps_per_device": float(np.median(steps)), "tps_steps": steps}
+
+
+def write(path: Path, records: list[dict]) -> str:
+    path.write_text(json.dumps({"schema_version": 2, "runs": records}))
+    return str(path)
+
+
+@pytest.fixture
+def sweeps(tmp_path: Path) -> tuple[str, str]:
+    old = [
+        record("steady", 100, 0.02, 1),  # same speed, new noise
+        record("regressed", 100, 0.02, 2),  # 20 % slower: a real regression
+        noisy(1.0),  # 8 % slower, but the noise is wider than that
+        record("slightly", 100, 0.005, 4),  # 3 % slower beyond noise: within a 5 % threshold
+        record("faster", 100, 0.02, 5),
+        record("gone", 100, 0.02, 6),
+    ]
+    new = [
+        record("steady", 100, 0.02, 11),
+        record("regressed", 80, 0.02, 12),
+        noisy(0.92),
+        record("slightly", 97, 0.005, 14),
+        record("faster", 130, 0.02, 15),
+        {"name": "broken", "status": "failed", "tps_per_device": None},
+    ]
+    return write(tmp_path / "old.json", old), write(tmp_path / "new.json", new)
+
+
+def test_only_the_real_regression_fails(sweeps: tuple[str, str]) -> None:
+    rows = {c.name: c for c in compare.changes(compare.read(sweeps[0]), compare.read(sweeps[1]), 0.05, 0.95)}
+    assert set(rows) == {"steady", "regressed", "noisy", "slightly", "faster"}
+    assert rows["regressed"].regression and rows["regressed"].beyond_noise
+    assert rows["regressed"].change == pytest.approx(-0.2, abs=0.03)
+    assert not rows["steady"].beyond_noise and not rows["steady"].regression
+    assert rows["noisy"].change < -0.05 and not rows["noisy"].beyond_noise and not rows["noisy"].regression
+    assert rows["slightly"].beyond_noise and not rows["slightly"].regression
+    assert rows["slightly"].verdict() == "slower (within threshold)"
+    assert rows["faster"].verdict() == "faster"
+    tight = compare.changes(compare.read(sweeps[0]), compare.read(sweeps[1]), 0.01, 0.95)
+    assert {c.name for c in tight if c.regression} == {"regressed", "slightly"}
+
+
+def test_exit_status_gates_ci(sweeps: tuple[str, str]) -> None:
+    cmd = [sys.executable, "-m", "meshforge", "bench", "compare", *sweeps]
+    proc = subprocess.run([*cmd, "--fail-above", "5%"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "1 regression(s): regressed" in proc.stdout and "only in the old sweep: gone" in proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if "`regressed`" in line)
+    assert "**REGRESSION**" in row and "| -" in row  # the change column shows the slowdown
+    proc = subprocess.run([*cmd, "--fail-above", "25%", "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["regressions"] == []
+
+
+def test_old_files_without_step_values_are_judged_on_the_threshold(tmp_path: Path) -> None:
+    old = write(tmp_path / "a.json", [{"name": "x", "status": "ok", "tps_per_device": 100.0}])
+    new = write(tmp_path / "b.json", [{"name": "x", "status": "ok", "tps_per_device": 90.0}])
+    (row,) = compare.changes(compare.read(old), compare.read(new), 0.05, 0.95)
+    assert row.ratio is None and row.regression and row.verdict() == "**REGRESSION**"
+
+
+@pytest.mark.parametrize(("text", "value"), [("5%", 0.05), ("12.5", 0.125), ("0%", 0.0)])
+def test_threshold_parses(text: str, value: float) -> None:
+    assert compare.parse_threshold(text) == pytest.approx(value)
+
+
+def test_mistakes_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--fail-above 'five'"):
+        compare.parse_threshold("five")
+    with pytest.raises(ConfigError, match="does not exist"):
+        compare.read(str(tmp_path / "missing.json"))
+    (tmp_path / "x.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a results.json"):
+        compare.read(str(tmp_path / "x.json"))
