@@ -95,5 +95,5 @@ def test_mistakes_are_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         compare.read(str(tmp_path / "missing.json"))
     (tmp_path / "x.json").write_text("[1, 2]")
-    with pytest.raises(ConfigError, match="not a results.json"):
+    with pytest.raises(ConfigError, match=r"not a results\.json"):
         compare.read(str(tmp_path / "x.json"))
