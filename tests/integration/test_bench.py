@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from meshforge.bench.machine import noise_warnings
 from meshforge.bench.matrix import load_matrix, parse_matrix
 from meshforge.bench.report import attach_parity, render_report
 from meshforge.bench.runner import classify, error_line
@@ -65,9 +66,11 @@ def bench(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
 def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
     matrix, out = tmp_path / "tiny.toml", tmp_path / "out"
     matrix.write_text(TINY)
-    proc = bench("--config", str(matrix), "--out", str(out))
+    proc = bench("--config", str(matrix), "--out", str(out), "--repeat", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "3 runs to go" in proc.stdout and " ok fsdp " in proc.stdout  # the progress display's lines
+    done = [line.split()[1] + line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("  ok ")]
+    assert done == ["fsdp[1/2]", "fsdp_r1[1/2]", "fsdp[2/2]", "fsdp_r1[2/2]"], done  # interleaved: AB AB
 
     results = json.loads((out / "results.json").read_text())
     assert {"schema_version", "bench", "machine", "sweep", "runs"} <= set(results)
@@ -80,12 +83,12 @@ def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
     bad = runs["tp_bad"]
     assert bad["status"] == "unsupported" and "tensor_parallel_degree = 4" in bad["error"], bad["error"]
     check_report(results, (out / "report.md").read_text())
-    for name in ("throughput", "scaling", "memory", "loss"):
+    for name in ("throughput", "scaling", "memory", "loss", "prediction"):
         png = (out / f"{name}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000, name
 
     # Resume: finished runs are reused; --force --only reruns just the named one.
-    again = bench("--config", str(matrix), "--out", str(out), "--force", "--only", "tp_bad")
+    again = bench("--config", str(matrix), "--out", str(out), "--force", "--only", "tp_bad", "--repeat", "2")
     assert again.returncode == 0 and "1 runs to go, 2 reused" in again.stdout, again.stdout + again.stderr
     rerun = {r["name"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
     assert list(rerun) == list(runs) and rerun["fsdp"]["finished_at"] == runs["fsdp"]["finished_at"]
@@ -93,16 +96,27 @@ def test_tiny_matrix_end_to_end(tmp_path: Path) -> None:
 
 
 def check_ok_runs(runs: dict[str, dict], out: Path) -> None:
-    """Figures are medians over the measured steps of each run's own metrics.jsonl; the losses coincide."""
+    """Figures are medians over the measured steps of both repetitions' own metrics.jsonl, with an interval that
+    holds the median; both repetitions train the same losses."""
     for name in ("fsdp", "fsdp_r1"):
         record = runs[name]
         assert record["status"] == "ok" and record["error"] == "", record["error"]
-        steps = [json.loads(line) for line in (out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
-        measured = [s for s in steps if s["step"] > 1]
-        assert record["tps_per_device"] == pytest.approx(statistics.median(s["tps"] for s in measured))
-        assert record["peak_memory_gib"] == max(s["peak_memory_gib"] for s in measured) > 0.05
+        reps = [
+            [json.loads(line) for line in (out / "runs" / name / f"rep{i}" / "metrics.jsonl").read_text().splitlines()]
+            for i in range(2)
+        ]
+        measured = [[s for s in steps if s["step"] > 1] for steps in reps]
+        pooled = [s["tps"] for rep in measured for s in rep]
+        assert record["tps_per_device"] == pytest.approx(statistics.median(pooled))
+        assert record["tps_steps"] == [[s["tps"] for s in rep] for rep in measured]
+        low, high = record["tps_per_device_ci"]
+        assert low <= record["tps_per_device"] <= high and len(record["repetitions"]) == 2
+        assert record["peak_memory_gib"] == max(s["peak_memory_gib"] for rep in measured for s in rep) > 0.05
+        steps = reps[0]
         assert record["loss_curve"] == [[s["step"], s["loss"]] for s in steps] and len(steps) == 3
-        assert record["final_loss"] == steps[-1]["loss"] and record["measured_steps"] == 2
+        assert [s["loss"] for s in reps[1]] == [s["loss"] for s in steps]  # deterministic: repetitions agree
+        assert record["final_loss"] == steps[-1]["loss"] and record["measured_steps"] == 4
+        assert record["startup_s"] > 0 and all(r["startup_s"] > 0 for r in record["repetitions"])
         assert record["global_batch_size"] == 4 and record["wall_s"] > 0
     assert runs["fsdp_r1"]["gradient_accumulation_steps"] == 2 and runs["fsdp_r1"]["local_batch_size"] == 2
     parity = runs["fsdp_r1"]["parity"]
@@ -121,6 +135,10 @@ def check_report(results: dict, report: str) -> None:
     assert f"{efficiency:.0f}%" in scaling_row and f"{fsdp['job_tps']:,.1f}" in scaling_row
     assert runs["tp_bad"]["error"].replace("|", "/") in report
     assert "Ranks share the" in report or results["machine"]["device"] == "cuda"
+    low, high = fsdp["tps_per_device_ci"]
+    assert f"{low:,.1f}-{high:,.1f}" in row and "## Statistics per run" in report
+    assert "Machine state:" in report and "repeated 2 times" in report
+    assert ("Noisy sweep" in report) == bool(noise_warnings(results["machine"], results["sweep"], results["runs"]))
 
 
 def test_list_prints_commands_and_article_figures() -> None:
