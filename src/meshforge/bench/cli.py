@@ -197,7 +197,8 @@ def print_matrix(matrix: BenchMatrix, out: Path, launch: Launch, compare_with: s
     print(f"matrix {matrix.name} ({matrix.source}): {matrix.description}")
     print(
         f"model {matrix.flavor}, {matrix.dtype}, seq {matrix.seq_len}, global batch {matrix.global_batch_size}, "
-        f"{matrix.warmup_steps} warm-up + {matrix.measured_steps} measured steps, baseline {matrix.baseline or '-'}"
+        f"{matrix.warmup_steps} warm-up + {matrix.measured_steps} measured steps, {matrix.repeat} repetitions "
+        f"(interleaved), baseline {matrix.baseline or '-'}"
     )
     header = f"{'run':<24} {'ranks':>5}  {'layout':<42} {'seq':>6} {'batch':>9}  {'timeout':>7}"
     if compare_with == "reference":
