@@ -97,3 +97,17 @@ def test_mistakes_are_one_line_errors(tmp_path: Path) -> None:
     (tmp_path / "x.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match=r"not a results\.json"):
         compare.read(str(tmp_path / "x.json"))
+
+
+def test_agreement_of_two_sweeps(sweeps: tuple[str, str]) -> None:
+    """The 'Done means' check: medians within 10 % and no separable pair ordered differently."""
+    old, new = compare.read(sweeps[0]), compare.read(sweeps[1])
+    (line,) = compare.agreement(old, new, 0.10, 0.95)
+    assert "DO NOT agree" in line and "beyond: regressed, faster" in line
+    same = {n: r for n, r in old.items() if n in ("steady", "slightly")}
+    assert "sweeps agree" in compare.agreement(same, {n: new[n] for n in same}, 0.10, 0.95)[0]
+    a_fast, b = record("a", 200, 0.01, 21), record("b", 100, 0.01, 22)
+    assert compare.order_flips({"a": a_fast, "b": b}, {"a": record("a", 190, 0.01, 23), "b": b}, 0.95) == []
+    flipped = {"a": record("a", 90, 0.01, 24), "b": b}
+    assert compare.order_flips({"a": a_fast, "b": b}, flipped, 0.95) == ["a|b"]
+    assert "DO NOT agree" in compare.agreement({"a": a_fast, "b": b}, flipped, 0.99, 0.95)[0]  # order alone fails

@@ -118,6 +118,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("new", help="the later sweep's results.json")
     parser.add_argument("--fail-above", default="5%", help="slowdown beyond noise that fails (default 5%%)")
     parser.add_argument("--confidence", type=float, default=stats.CONFIDENCE, help="interval level (default 0.95)")
+    parser.add_argument("--agree", type=parse_threshold, default=0.10, help="agreement tolerance (default 10%%)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     if not 0.5 <= args.confidence < 1:
@@ -135,8 +136,38 @@ def main(argv: list[str]) -> int:
     for label, names in (("only in the old sweep", only_old), ("only in the new sweep", only_new)):
         if names:
             print(f"\n{label}: {', '.join(names)}")
+    print("\n" + "\n".join(agreement(old, new, args.agree, args.confidence)))
     print(f"\n{len(regressions)} regression(s){': ' + ', '.join(regressions) if regressions else ''}")
     return 1 if regressions else 0
+
+
+def order_flips(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], confidence: float) -> list[str]:
+    """Pairs of common runs that either sweep calls separable, ordered differently by the other sweep's medians."""
+    common = [n for n in new if n in old and old[n].get("tps_steps") and new[n].get("tps_steps")]
+    flips = []
+    for side, other in ((old, new), (new, old)):
+        pairs = stats.separable_pairs({n: side[n]["tps_steps"] for n in common}, confidence)
+        for pair, faster in pairs.items():
+            a, b = pair.split("|")
+            slower = b if faster == a else a
+            if other[faster]["tps_per_device"] <= other[slower]["tps_per_device"] and pair not in flips:
+                flips.append(pair)
+    return flips
+
+
+def agreement(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], within: float, level: float) -> list[str]:
+    """Do two sweeps of the same matrix agree? Every common run's median within ``within`` of the other's, and the
+    same order for every pair that either sweep calls separable."""
+    common = [n for n in new if n in old]
+    far = [n for n in common if abs(new[n]["tps_per_device"] / old[n]["tps_per_device"] - 1) > within]
+    flips = order_flips(old, new, level)
+    verdict = "agree" if not far and not flips else "DO NOT agree"
+    flipped = f" ({', '.join(p.replace('|', ' vs ') for p in flips)})" if flips else ""
+    return [
+        f"Agreement: the sweeps {verdict} (medians within {within:.0%}: {len(common) - len(far)} of {len(common)} "
+        f"runs{'; beyond: ' + ', '.join(far) if far else ''}; pairs separable in either sweep and ordered "
+        f"differently by the other: {len(flips)}{flipped})"
+    ]
 
 
 def as_dict(c: Change) -> dict[str, Any]:
