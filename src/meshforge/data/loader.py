@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from meshforge.data.fingerprint import cached_digest
 from meshforge.paths import REPO_ROOT, cache_root
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ def file_digest(path: Path) -> str:
 def load_text_corpus(root: Path, tokenizer: TokenizerLike, split: str) -> np.ndarray:
     """Tokens of a split of a local text corpus (one document per file), cached."""
     files, part = split_files(root, split)
-    key = [f"{path.name}:{file_digest(path)}" for path in files]
+    key = [f"{path.name}:{cached_digest(path, file_digest)}" for path in files]  # hashed once per file version
 
     def build() -> np.ndarray:
         logger.info("tokenizing %d file(s) from %s", len(files), root)
