@@ -67,23 +67,26 @@ def compare(variants: dict[str, Path], repeat: int, extra: list[str]) -> dict[st
     }
 
 
-def phases(argv: list[str]) -> dict[str, float]:
-    """In-process: import time of the training loop and of each set-up phase (the first call of each)."""
+def phases(argv: list[str]) -> dict[str, Any]:
+    """In-process: wall and CPU seconds (process_time: what a busy machine inflates least) of the training loop's
+    import and of each set-up phase, and which heavy modules ended up imported."""
     spent: dict[str, float] = {}
-    start = time.perf_counter()
+    cpu0, start = time.process_time(), time.perf_counter()
     import meshforge.train.loop as loop
     from meshforge.config.io import load_config
 
     spent["import meshforge.train.loop"] = time.perf_counter() - start
+    spent["import meshforge.train.loop (cpu)"] = time.process_time() - cpu0
 
     def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+                spent[f"{name} (cpu)"] = spent.get(f"{name} (cpu)", 0.0) + time.process_time() - c
 
         return wrapper
 
@@ -91,10 +94,14 @@ def phases(argv: list[str]) -> dict[str, float]:
         setattr(loop, name, timed(name, getattr(loop, name)))
     with tempfile.TemporaryDirectory(prefix="startup-") as dump:
         cfg = load_config(None, ["--training.steps", "1", "--job.dump_folder", dump, *argv])
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         loop.setup(cfg)
         spent["setup (total)"] = time.perf_counter() - t
-    return {k: round(v, 3) for k, v in spent.items()}
+        spent["setup (total, cpu)"] = time.process_time() - c
+    spent["total to the first step (cpu)"] = time.process_time() - cpu0
+    heavy = ("torch._dynamo", "torch._inductor", "torch.distributed.pipelining", "torch.distributed.checkpoint",
+             "torchao", "torch.utils.tensorboard")  # fmt: skip
+    return {**{k: round(v, 3) for k, v in spent.items()}, **{f"imported {m}": m in sys.modules for m in heavy}}
 
 
 def main() -> None:
