@@ -48,12 +48,12 @@ def bar_plot(results: dict[str, Any], path: Path, key: str, xlabel: str, better:
     colors = [BASE if r["name"] == baseline else OK if r["status"] == "ok" else BAD for r in records]
     y = list(range(len(records)))
     ax.barh(y, values, color=colors)
+    spreads = [r.get("tps_per_device_ci") or r.get("tps_per_device_iqr") for r in records]  # CI, else (old) IQR
     if key == "tps_per_device":
         for i, r in enumerate(records):
-            iqr = r.get("tps_per_device_iqr")
-            if r["status"] == "ok" and iqr:
-                ax.plot(iqr, [i, i], color="black", linewidth=1.2)
-    highs = [(r.get("tps_per_device_iqr") or [0.0, 0.0])[1] if key == "tps_per_device" else 0.0 for r in records]
+            if r["status"] == "ok" and spreads[i]:
+                ax.plot(spreads[i], [i, i], color="black", linewidth=1.2)
+    highs = [(spreads[i] or [0.0, 0.0])[1] if key == "tps_per_device" else 0.0 for i in range(len(records))]
     top = max([*values, *highs], default=0.0) or 1.0
     for i, r in enumerate(records):
         text = f"{values[i]:,.3g}" if r["status"] == "ok" else r["status"]
@@ -61,7 +61,8 @@ def bar_plot(results: dict[str, Any], path: Path, key: str, xlabel: str, better:
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.18)
-    ax.set_xlabel(f"{xlabel} ({better})")
+    whiskers = ", whiskers: confidence interval of the median" if key == "tps_per_device" else ""
+    ax.set_xlabel(f"{xlabel} ({better}{whiskers})")
     ax.set_title(f"{xlabel} per strategy\n{subtitle(results)}", fontsize=10)
     return save(fig, path)
 
