@@ -82,6 +82,19 @@ def ranking_lines(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def runner_up_note(results: dict[str, Any], fastest: Record, pool: list[Record]) -> str:
+    """'; ahead of X beyond noise' or '; not separable from X' (the second fastest), '' without step values."""
+    others = [r for r in pool if r is not fastest and r.get("tps_steps")]
+    if not others or not fastest.get("tps_steps"):
+        return ""
+    second = max(others, key=lambda r: r["tps_per_device"])
+    level = confidence_of(results)
+    ratio = stats.ratio_ci(fastest["tps_steps"], second["tps_steps"], level)
+    if ratio.excludes(1.0):
+        return f"; ahead of the runner-up `{second['name']}` beyond noise ({ratio.low:.2f}-{ratio.high:.2f}x)"
+    return f"; **not separable** from `{second['name']}` at {level:.0%} ({ratio.low:.2f}-{ratio.high:.2f}x)"
+
+
 def statistics_table(results: dict[str, Any]) -> list[str]:
     """Per run: repetitions, measured steps, the median and its interval, each repetition's median, outlier steps."""
     level = confidence_of(results)

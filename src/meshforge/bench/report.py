@@ -183,7 +183,7 @@ def winner_lines(results: dict[str, Any]) -> list[str]:
     return [
         f"- **Fastest** at {fastest['world_size']} ranks: {fastest['label']}, {fmt(fastest['tps_per_device'])} "
         f"tokens/s per device ({ratio(fastest['tps_per_device'], base['tps_per_device'] if base else None)} the "
-        "baseline).",
+        f"baseline){analysis.runner_up_note(results, fastest, pool)}.",
         f"- **Least memory**: {leanest['label']}, {fmt(leanest['peak_memory_gib'], 3)} GiB peak per rank.",
     ]
 
