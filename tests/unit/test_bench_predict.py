@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from meshforge.bench.predict import leave_one_out
+from meshforge.bench import analysis, predict
 from meshforge.plan import calibrate
 from meshforge.plan.estimate import estimate
 from meshforge.plan.hardware import load_hardware
@@ -23,10 +23,11 @@ def bench_record(name: str, dp_shard: int = 1, tp: int = 1, pp: int = 1) -> dict
     }  # fmt: skip
 
 
-def test_a_run_the_fit_never_saw_is_predicted_from_the_others() -> None:
+def test_a_run_the_fit_never_saw_is_predicted_from_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Four runs measured on a machine that behaves like the planner with known constants, one of them recorded 2x
     too fast: fitted on the other three, the planner predicts what that run should have done, so its error is
-    -50 %. (An in-sample fit would have pulled the prediction toward the bad figure.)"""
+    -50 %. (An in-sample fit would have pulled the prediction toward the bad figure.) The predictions are cached
+    while the runs do not change."""
     hw = load_hardware("cpu")
     truth = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, matmul=hw.efficiency.matmul * 0.5))
     records = [bench_record("fsdp", dp_shard=4), bench_record("tp", tp=4), bench_record("fsdp_tp", 2, 2),
@@ -34,7 +35,23 @@ def test_a_run_the_fit_never_saw_is_predicted_from_the_others() -> None:
     for r in records:
         r["tps_per_device"] = estimate(calibrate.observation(r, Path("x")).layout, truth).tps_per_device
     records[1]["tps_per_device"] *= 2
-    loo = leave_one_out(records, "cpu", workers=2)
+    results = {"bench": {"name": "m", "baseline": "fsdp"}, "machine": {"device": "cpu"}, "runs": records}
+    cache = tmp_path / "cache" / "prediction.json"
+    predict.attach_predictions(results, "cpu", cache=cache)
+    loo = results["prediction"]
     assert loo["runs"]["tp"]["error"] == pytest.approx(-0.5, abs=0.05)
-    assert loo["runs"]["tp"]["measured"] == records[1]["tps_per_device"]
+    assert records[1]["prediction_error"] == loo["runs"]["tp"]["error"]
+    assert records[1]["predicted_tps_per_device"] == pytest.approx(records[1]["tps_per_device"] / 2, rel=0.1)
     assert loo["runs_scored"] == 4 and loo["median_abs_error"] is not None and loo["hardware"] == "cpu"
+
+    def refit(*args: object, **kwargs: object) -> None:
+        raise AssertionError("unchanged runs must be read back from the cache, not refitted")
+
+    monkeypatch.setattr(predict, "leave_one_out", refit)
+    again = {**results, "runs": [dict(r) for r in records]}
+    predict.attach_predictions(again, "cpu", cache=cache)
+    assert again["prediction"] == loo
+    assert "Median absolute error over 4 runs" in "\n".join(analysis.prediction_lines(again))
+    changed = {**results, "runs": [{**records[0], "tps_per_device": 1.0}, *records[1:]]}
+    with pytest.raises(AssertionError, match="cache"):
+        predict.attach_predictions(changed, "cpu", cache=cache)
