@@ -77,12 +77,14 @@ def test_async_tp_is_refused_where_it_cannot_work() -> None:
         dims(1).validate_features(asked, device=CPU, compile_enabled=True, float8=Float8())
 
 
-def test_ring_cp_is_cuda_only_and_auto_picks_allgather_on_cpu() -> None:
+def test_auto_cp_picks_allgather_and_ring_runs_on_any_device() -> None:
     assert resolve_cp_impl("auto", "cpu") == "allgather"
-    assert resolve_cp_impl("auto", "cuda") == "allgather"  # ring is opt-in until proven on CUDA
+    assert resolve_cp_impl("auto", "cuda") == "allgather"
+    assert resolve_cp_impl("ring", "cpu") == "ring"  # our own ring (point-to-point over gloo or NCCL)
     ring = Parallelism(context_parallel_degree=2, context_parallel_impl="ring")
-    with one_line_error(r"context_parallel_impl = 'ring' needs CUDA .*; use 'allgather' or 'auto'"):
-        dims(2, context_parallel_degree=2).validate_features(ring, device=CPU, compile_enabled=False, float8=Float8())
+    dims(2, context_parallel_degree=2).validate_features(ring, device=CPU, compile_enabled=False, float8=Float8())
+    with one_line_error(r"context_parallel_impl = 'mesh' is unknown; use 'auto', 'allgather' or 'ring'"):
+        resolve_cp_impl("mesh", "cpu")
 
 
 def test_float8_needs_compute_capability_8_9() -> None:

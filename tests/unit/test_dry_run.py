@@ -52,10 +52,13 @@ def test_8b_fsdp_8_through_the_cli(capsys) -> None:
 
 def test_cuda_only_options_are_checked_for_the_target() -> None:
     ring = ["--parallelism.context_parallel_degree", "2", "--parallelism.context_parallel_impl", "ring"]
-    report = plan(load_config("configs/llama3_8b.toml", ring), 16)  # the target is CUDA: ring attention is fine
+    report = plan(load_config("configs/llama3_8b.toml", ring), 16)
     assert_sharded(report.ranks[0], get_flavor("8B"), fsdp=16, tp=1)  # FSDP shards over dp_shard x cp
+    plan(load_config("configs/llama3_8b.toml", [*ring, "--training.device", "cpu"]), 16)  # ring runs on CPU too
+    async_tp = ["--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel", "true"]
+    async_tp += ["--compile.enable", "true"]
     with pytest.raises(ValueError, match="needs CUDA"):
-        plan(load_config("configs/llama3_8b.toml", [*ring, "--training.device", "cpu"]), 16)
+        plan(load_config("configs/llama3_8b.toml", [*async_tp, "--training.device", "cpu"]), 16)
     assert not dist.is_initialized()
 
 

@@ -73,10 +73,13 @@ class RMSNorm(nn.Module):
 
 
 class CausalSDPA(nn.Module):
-    """Causal attention core (batch, heads, seq, head_dim) -> same; a module so context parallel can replace it."""
+    """Causal attention core: q (batch, heads, seq, head_dim), k and v (batch, kv_heads, seq, head_dim) -> like q.
+
+    Grouped-query attention is the kernel's (``enable_gqa``), never a copy of K/V per query head. A module so context
+    parallel can replace it."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
 
 
 class Attention(nn.Module):
@@ -96,10 +99,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
-        repeats = q.shape[2] // k.shape[2]
-        if repeats > 1:  # grouped-query attention: share each kv head among `repeats` query heads
-            k = k.repeat_interleave(repeats, dim=2)
-            v = v.repeat_interleave(repeats, dim=2)
+        # grouped-query attention: k and v keep their kv heads, each shared by heads / kv_heads query heads
         out = self.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (batch, heads, seq, head_dim)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 

@@ -2,38 +2,42 @@
 
 Load balance (head-tail): the sequence is cut into ``2 x cp`` chunks and rank ``r`` holds chunks ``r`` and
 ``2cp - 1 - r``, so every rank gets the same share of the causal mask's work. Inputs, labels and the tokens' global
-positions (for RoPE and the causal mask) are sliced the same way before the forward; the loss is a mean over the
-local tokens, and FSDP over ``dp_shard_cp`` averages the gradients over cp (the mean of equal-size means).
+positions (for RoPE) are sliced the same way before the forward; the loss is a mean over the local tokens, and FSDP
+over ``dp_shard_cp`` averages the gradients over cp (the mean of equal-size means).
 
-Two implementations (``parallelism.context_parallel_impl``):
+Attention never builds a mask or a score matrix: each local query chunk attends to the chunks before it (unmasked) and
+to itself (causal) with a fused kernel that returns the log-sum-exp, and the partials are merged exactly
+(``parallel/attention_blocks.py``; memory linear in the sequence). K/V travel at K/V-head width (grouped-query
+attention is done by the kernel, never by repeating K/V). Two implementations (``parallelism.context_parallel_impl``):
 
-* ``allgather`` (any device, the default on CPU): each rank all-gathers K and V over the cp group (autograd
-  reduce-scatters their gradients back) and runs SDPA of its local queries against the whole sequence with a causal
-  mask built from global positions. Memory for K/V is that of the full sequence.
-* ``ring`` (CUDA only, the default there): torch's ring attention (``torch.distributed.tensor.experimental``),
-  which passes K/V blocks around the ring and merges partial softmaxes; K/V memory stays at the local slice. On CPU
-  it fails (no CP sharding rule for ``_scaled_dot_product_flash_attention_for_cpu``), so it is refused there.
+* ``allgather`` (the default): each rank all-gathers K and V over the cp group (autograd reduce-scatters dK/dV) and
+  attends its two query chunks to the gathered sequence. Two collectives per layer; K/V memory of the full sequence.
+* ``ring``: K/V blocks pass rank to rank over the cp group (``parallel/ring_attention.py``, point-to-point sends that
+  overlap the current block's attention); the backward passes dK/dV around the ring. K/V memory of two local slices.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 
+from meshforge.config.io import ConfigError
+from meshforge.parallel.attention_blocks import Block, attend, attend_backward, kernel_for
+from meshforge.parallel.ring_attention import RingAttention
+
+IMPLS = ("allgather", "ring")
+
 
 def resolve_cp_impl(impl: str, device_type: str) -> str:
-    """``auto`` -> ``allgather`` (proven against a single process on every device this project has tested);
-    ``ring`` (torch's ring attention) is opt-in and CUDA-only; ``ring`` off CUDA is a user error."""
+    """``auto`` -> ``allgather`` on every device (fewer, larger collectives; both are parity-tested on CPU).
+
+    ``device_type`` is kept for the callers' symmetry: neither implementation needs a particular device."""
     if impl == "auto":
         return "allgather"
-    if impl == "ring" and device_type != "cuda":
-        raise ValueError(
-            f"parallelism.context_parallel_impl = 'ring' needs CUDA (torch's ring attention has no {device_type} "
-            "SDPA sharding rule); use 'allgather' or 'auto'"
-        )
+    if impl not in IMPLS:
+        raise ConfigError(f"parallelism.context_parallel_impl = {impl!r} is unknown; use 'auto', 'allgather' or 'ring'")
     return impl
 
 
@@ -45,6 +49,64 @@ def load_balanced_positions(seq_len: int, cp: int, rank: int, device: torch.devi
     return torch.cat([head, tail])
 
 
+def chunk_ids(rank: int, cp: int) -> tuple[int, int]:
+    """The global chunk indices (of ``2 x cp``) that cp rank ``rank`` holds, in local order."""
+    return rank, 2 * cp - 1 - rank
+
+
+def global_chunk_order(cp: int) -> list[int]:
+    """Index into the rank-order gathered chunks (rank 0 head, rank 0 tail, rank 1 head, ...) that yields chunk 0..2cp-1."""
+    return [2 * j if j < cp else 2 * (2 * cp - 1 - j) + 1 for j in range(2 * cp)]
+
+
+def _prefix_ranges(chunk: int, size: int) -> list[tuple[int, int, bool]]:
+    """Key ranges query chunk ``chunk`` attends to in the global-order sequence: all earlier chunks, then itself."""
+    ranges = [(0, chunk * size, False)] if chunk else []
+    return [*ranges, (chunk * size, (chunk + 1) * size, True)]
+
+
+class _GatheredKVAttention(torch.autograd.Function):
+    """Local query chunks against the whole (gathered, global-order) K/V, merged by LSE; exact backward."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, cp: int
+    ) -> torch.Tensor:
+        # q: (batch, heads, 2 x chunk, head_dim), chunks (rank, 2cp-1-rank); k, v: (batch, kv_heads, seq, head_dim)
+        kernel, size = kernel_for(q.device, q.dtype), q.shape[2] // 2
+        outs, lses, auxes = [], [], []
+        for i, chunk in enumerate(chunk_ids(rank, cp)):
+            ranges = _prefix_ranges(chunk, size)
+            blocks = [Block(k[:, :, a:b], v[:, :, a:b], causal) for a, b, causal in ranges]
+            out, lse, aux = attend(kernel, q[:, :, i * size : (i + 1) * size], blocks)
+            outs.append(out)
+            lses.append(lse)
+            auxes.append(aux)
+        out = torch.cat(outs, dim=2)
+        ctx.save_for_backward(q, k, v, out, torch.cat(lses, dim=2))
+        ctx.auxes, ctx.rank, ctx.cp = auxes, rank, cp  # type: ignore[attr-defined]
+        return out
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+        kernel, size, dout = kernel_for(q.device, q.dtype), q.shape[2] // 2, dout.contiguous()
+        dq, dk, dv = [], torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)
+        for i, chunk in enumerate(chunk_ids(ctx.rank, ctx.cp)):  # type: ignore[attr-defined]
+            rows = slice(i * size, (i + 1) * size)
+            ranges = _prefix_ranges(chunk, size)
+            blocks = [Block(k[:, :, a:b], v[:, :, a:b], causal) for a, b, causal in ranges]
+            chunk_dq, dkv = attend_backward(
+                kernel, dout[:, :, rows], q[:, :, rows], blocks, out[:, :, rows], lse[:, :, rows],
+                ctx.auxes[i],  # type: ignore[attr-defined]
+            )  # fmt: skip
+            dq.append(chunk_dq)
+            for (a, b, _), (block_dk, block_dv) in zip(ranges, dkv, strict=True):
+                dk[:, :, a:b] += block_dk
+                dv[:, :, a:b] += block_dv
+        return torch.cat(dq, dim=2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
 class AllGatherKVAttention(nn.Module):
     """Causal attention of local queries against K/V all-gathered over the cp group (replaces ``CausalSDPA``)."""
 
@@ -53,54 +115,32 @@ class AllGatherKVAttention(nn.Module):
         self.cp_mesh = cp_mesh
         self.cp_size, self.cp_rank = cp_mesh.size(), cp_mesh.get_local_rank()
 
-    def causal_mask(self, local_len: int, device: torch.device) -> torch.Tensor:
-        """(local_len, cp x local_len) bool: query i may attend key j iff pos(key j) <= pos(query i)."""
-        seq_len = local_len * self.cp_size
-        q_pos = load_balanced_positions(seq_len, self.cp_size, self.cp_rank, device)
-        k_pos = torch.cat([load_balanced_positions(seq_len, self.cp_size, r, device) for r in range(self.cp_size)])
-        return q_pos[:, None] >= k_pos[None, :]
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q, k, v: (batch, heads, local_seq, head_dim); k, v gathered to (batch, heads, seq, head_dim) in rank order
+        # q: (batch, heads, local_seq, head_dim); k, v: (batch, kv_heads, local_seq, head_dim), gathered in rank order
         k_all = funcol.all_gather_single_autograd(k.contiguous(), gather_dim=2, group=self.cp_mesh)
         v_all = funcol.all_gather_single_autograd(v.contiguous(), gather_dim=2, group=self.cp_mesh)
-        mask = self.causal_mask(q.shape[2], q.device)
-        return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+        order = global_chunk_order(self.cp_size)
+        k_seq = k_all.unflatten(2, (2 * self.cp_size, -1))[:, :, order].flatten(2, 3)  # global order
+        v_seq = v_all.unflatten(2, (2 * self.cp_size, -1))[:, :, order].flatten(2, 3)
+        out = _GatheredKVAttention.apply(q.contiguous(), k_seq, v_seq, self.cp_rank, self.cp_size)
+        return out  # type: ignore[no-any-return]
 
 
 def apply_cp(model: nn.Module, cp_mesh: DeviceMesh, *, impl: str) -> None:
     """Make every block's attention core context-parallel (``impl`` resolved: 'allgather' or 'ring')."""
     layers: nn.ModuleDict = model.layers  # type: ignore[assignment]
-    blocks = list(layers.values())
-    if impl == "allgather":
-        for block in blocks:
-            block.attention.sdpa = AllGatherKVAttention(cp_mesh)  # type: ignore[union-attr]
-        return
-    from torch.distributed.tensor.experimental._attention import (
-        _ContextParallel,
-        _enable_context_parallel_dispatcher,
-    )
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)
-    for block in blocks:
-        parallelize_module(block.attention.sdpa, cp_mesh, style)  # type: ignore[union-attr, arg-type]
-    _enable_context_parallel_dispatcher()  # DTensor SDPA -> ring attention (process-wide, as in TorchTitan)
+    for block in layers.values():
+        core = AllGatherKVAttention(cp_mesh) if impl == "allgather" else RingAttention(cp_mesh)
+        block.attention.sdpa = core  # type: ignore[union-attr]
 
 
 def shard_batch(
     cp_mesh: DeviceMesh | None, impl: str, inputs: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """This rank's (inputs, labels, global positions) of a batch (batch, seq); positions None without cp."""
+    """This rank's (inputs, labels, global positions) of a batch (batch, seq); positions None without cp.
+
+    Both implementations use the same head-tail layout (``impl`` is kept for the callers)."""
     if cp_mesh is None:
         return inputs, labels, None
-    seq_len = inputs.shape[1]
-    if impl == "allgather":
-        positions = load_balanced_positions(seq_len, cp_mesh.size(), cp_mesh.get_local_rank(), inputs.device)
-        return inputs[:, positions], labels[:, positions], positions
-    from torch.distributed.tensor.experimental._attention import _context_parallel_shard, _HeadTailLoadBalancer
-
-    positions = torch.arange(seq_len, device=inputs.device)
-    balancer = _HeadTailLoadBalancer(seq_len, cp_mesh.size(), inputs.device)
-    local = _context_parallel_shard(cp_mesh, [inputs, labels, positions], [1, 1, 0], load_balancer=balancer)
-    return local[0], local[1], local[2]  # type: ignore[return-value]
+    positions = load_balanced_positions(inputs.shape[1], cp_mesh.size(), cp_mesh.get_local_rank(), inputs.device)
+    return inputs[:, positions], labels[:, positions], positions

@@ -143,9 +143,8 @@ def pipeline_plan(cfg: JobConfig, dims: ParallelDims, n_layers: int) -> tuple[st
 
 def meta_parallelism(par: Parallelism) -> Parallelism:
     """The options as the meta build can apply them: those that only change how a CUDA target communicates (async
-    TP, ring attention; validated for the target already) are swapped for their CPU equivalents, same sharding."""
-    impl = "allgather" if par.context_parallel_impl == "ring" else par.context_parallel_impl
-    return dataclasses.replace(par, enable_async_tensor_parallel=False, context_parallel_impl=impl)
+    TP; validated for the target already) are swapped for their CPU equivalents, same sharding."""
+    return dataclasses.replace(par, enable_async_tensor_parallel=False)
 
 
 def only_layers(model: nn.Module, names: list[str]) -> nn.Module:
