@@ -53,8 +53,11 @@ def test_fsdp2_x_tp2_matches_single_process() -> None:
 
 
 @pytest.mark.distributed
-def test_cp2_matches_single_process() -> None:
-    assert_parity(losses(2, [*batch(GLOBAL_BATCH), "--parallelism.context_parallel_degree", "2"]), reference())
+@pytest.mark.parametrize(("impl", "cp"), [("allgather", 2), ("allgather", 4), ("ring", 2), ("ring", 4)])
+def test_cp_matches_single_process(impl: str, cp: int) -> None:
+    """tiny has grouped-query attention (4 heads, 2 kv heads): K/V travel at kv-head width."""
+    layout = ["--parallelism.context_parallel_degree", str(cp), "--parallelism.context_parallel_impl", impl]
+    assert_parity(losses(cp, [*batch(GLOBAL_BATCH), *layout]), reference())
 
 
 @pytest.mark.distributed
@@ -64,9 +67,10 @@ def test_cp2_x_fsdp2_matches_single_process() -> None:
 
 
 @pytest.mark.distributed
-def test_bf16_cp2_within_stated_tolerance() -> None:
+@pytest.mark.parametrize("impl", ["allgather", "ring"])
+def test_bf16_cp2_within_stated_tolerance(impl: str) -> None:
     """CP 2 shards with FSDP over cp, so it runs FSDP's bf16 parameters (all of the forward in bf16)."""
-    bf16 = ["--training.mixed_precision_param", "bfloat16"]
+    bf16 = ["--training.mixed_precision_param", "bfloat16", "--parallelism.context_parallel_impl", impl]
     got = losses(2, [*batch(GLOBAL_BATCH), "--parallelism.context_parallel_degree", "2", *bf16])
     assert_parity(got, reference(), rtol=BF16_RTOL)
     assert got != list(reference()), "bf16 run identical to fp32: the dtype did not apply"

@@ -22,13 +22,16 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Ten
     """fp32 full causal attention with K/V repeated per query head (no GQA kernel): out, dq, dk, dv."""
     q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))
     groups = q.shape[1] // k.shape[1]
-    out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), is_causal=True)
+    out = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), is_causal=True
+    )
     out.backward(dout.float())
     return [out.detach(), q.grad, k.grad, v.grad]  # type: ignore[list-item]
 
 
 @pytest.mark.parametrize(("cp", "kv_heads", "dtype", "tol"), [
-    (2, 4, torch.float32, 1e-5), (4, 2, torch.float32, 1e-5), (2, 1, torch.bfloat16, 3e-2), (4, 2, torch.bfloat16, 3e-2),
+    (2, 4, torch.float32, 1e-5), (4, 2, torch.float32, 1e-5),
+    (2, 1, torch.bfloat16, 3e-2), (4, 2, torch.bfloat16, 3e-2),
 ])  # fmt: skip
 def test_gathered_kv_attention_matches_full_causal_attention(
     cp: int, kv_heads: int, dtype: torch.dtype, tol: float

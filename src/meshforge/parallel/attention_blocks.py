@@ -7,8 +7,8 @@ score matrix is ever held: memory is linear in the sequence.
 
 The backward is FlashAttention's: a block's gradients follow from the *merged* output and LSE alone
 (``P = exp(S - lse)``, ``dS = P (dP - rowsum(dO * O))``), so each block calls its kernel's backward with the global
-``out`` and ``lse`` and the results add up to the gradients of attention over the union of the blocks. The fused kernels'
-LSE carries no autograd graph, hence the hand-written backward (``torch.autograd.Function`` in the callers).
+``out`` and ``lse`` and the results add up to the gradients of attention over the union of the blocks. The fused
+kernels' LSE carries no autograd graph, hence the hand-written backward (``torch.autograd.Function`` in the callers).
 
 Kernels, picked by device and dtype (:func:`kernel_for`), all with grouped-query attention at K/V-head width:
 ``cpu-flash`` (``aten._scaled_dot_product_flash_attention_for_cpu``, any dtype), ``cuda-flash``
@@ -88,7 +88,7 @@ class MathKernel:
 
     @staticmethod
     def _probs(q: torch.Tensor, k: torch.Tensor, causal: bool, lse: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        batch, heads, q_len, head_dim = q.shape
+        heads, head_dim = q.shape[1], q.shape[3]
         groups = heads // k.shape[1]
         qg = q.float().unflatten(1, (k.shape[1], groups))  # (batch, kv_heads, groups, q_len, head_dim)
         scores = qg @ k.float()[:, :, None].transpose(-1, -2) * head_dim**-0.5  # (batch, kv_heads, groups, q, k)

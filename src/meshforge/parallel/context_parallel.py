@@ -55,7 +55,7 @@ def chunk_ids(rank: int, cp: int) -> tuple[int, int]:
 
 
 def global_chunk_order(cp: int) -> list[int]:
-    """Index into the rank-order gathered chunks (rank 0 head, rank 0 tail, rank 1 head, ...) that yields chunk 0..2cp-1."""
+    """Indices into the gathered chunks (rank order: rank 0 head, rank 0 tail, rank 1 head, ...) of chunks 0..2cp-1."""
     return [2 * j if j < cp else 2 * (2 * cp - 1 - j) + 1 for j in range(2 * cp)]
 
 
