@@ -61,6 +61,14 @@ def test_cp_matches_single_process(impl: str, cp: int) -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize(("impl", "mode"), [("ring", "selective"), ("allgather", "full")])
+def test_cp2_under_activation_checkpointing(impl: str, mode: str) -> None:
+    """Recomputation replays the K/V exchange (ring: point-to-point sends under selective-op AC) on every rank."""
+    layout = ["--parallelism.context_parallel_degree", "2", "--parallelism.context_parallel_impl", impl]
+    assert_parity(losses(2, [*batch(GLOBAL_BATCH), *layout, "--activation_checkpoint.mode", mode]), reference())
+
+
+@pytest.mark.distributed
 def test_cp2_x_fsdp2_matches_single_process() -> None:
     layout = ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.context_parallel_degree", "2"]
     assert_parity(losses(4, [*batch(GLOBAL_BATCH // 2), *layout]), reference())

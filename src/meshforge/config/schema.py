@@ -132,7 +132,7 @@ class Parallelism:
     enable_sequence_parallel: bool = True
     """Shard norms and residuals along the sequence under tensor parallel."""
     context_parallel_impl: Literal["auto", "allgather", "ring"] = "auto"
-    """allgather: gather K/V (any device, parity-tested); ring: torch ring attention (CUDA, opt-in); auto: allgather."""
+    """allgather: gather K/V over cp; ring: pass K/V rank to rank (less K/V memory); auto: allgather. Any device."""
     pipeline_parallel_schedule: str = "1F1B"
     """GPipe, 1F1B, Interleaved1F1B (interleave_1f1b), LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV."""
     pipeline_parallel_schedule_csv: str = ""

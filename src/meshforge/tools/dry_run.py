@@ -19,7 +19,7 @@ the same shapes up to one row of padding per tensor). Conventions:
 
 The target is CUDA unless ``training.device = 'cpu'``; for a CUDA target the checks that need the GPU itself (Float8's
 compute capability) are listed as notes, and options that change only how the target communicates, not the sharding
-(async TP, ring attention), are validated for it but built with their CPU equivalents.
+(async TP), are validated for it but built with their CPU equivalents.
 """
 
 from __future__ import annotations
