@@ -85,6 +85,8 @@ def test_auto_cp_picks_allgather_and_ring_runs_on_any_device() -> None:
     dims(2, context_parallel_degree=2).validate_features(ring, device=CPU, compile_enabled=False, float8=Float8())
     with one_line_error(r"context_parallel_impl = 'mesh' is unknown; use 'auto', 'allgather' or 'ring'"):
         resolve_cp_impl("mesh", "cpu")
+    with one_line_error(r"context_parallel_impl = 'ring' cannot run inside compiled blocks .*compile.enable = false"):
+        dims(2, context_parallel_degree=2).validate_features(ring, device=CPU, compile_enabled=True, float8=Float8())
 
 
 def test_float8_needs_compute_capability_8_9() -> None:

@@ -41,6 +41,16 @@ def resolve_cp_impl(impl: str, device_type: str) -> str:
     return impl
 
 
+def check_cp_impl(impl: str, device_type: str, *, compile_enabled: bool) -> None:
+    """Refuse what cannot run: the ring's point-to-point sends inside an autograd.Function cannot be traced into the
+    blocks' full graphs."""
+    if resolve_cp_impl(impl, device_type) == "ring" and compile_enabled:
+        raise ConfigError(
+            "parallelism.context_parallel_impl = 'ring' cannot run inside compiled blocks (compile.enable = true; "
+            "its point-to-point sends do not trace); use 'allgather' or 'auto', or set compile.enable = false"
+        )
+
+
 def load_balanced_positions(seq_len: int, cp: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
     """Global positions of the tokens cp rank ``rank`` holds: chunks ``rank`` and ``2cp - 1 - rank`` of ``2cp``."""
     chunk = seq_len // (2 * cp)

@@ -137,7 +137,7 @@ class ParallelDims:
     ) -> None:
         """Options that need particular hardware or other options, checked once the device is known: never a silent
         no-op."""
-        from meshforge.parallel.context_parallel import resolve_cp_impl
+        from meshforge.parallel.context_parallel import check_cp_impl
         from meshforge.parallel.float8 import check_float8_support
 
         if parallelism.enable_async_tensor_parallel:
@@ -153,7 +153,7 @@ class ParallelDims:
                     f"async tensor parallel needs compile.enable = true (inductor does the overlap); {fix}"
                 )
         if self.cp > 1:
-            resolve_cp_impl(parallelism.context_parallel_impl, device.type)
+            check_cp_impl(parallelism.context_parallel_impl, device.type, compile_enabled=compile_enabled)
         check_float8_support(float8, device)
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:

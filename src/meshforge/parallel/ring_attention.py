@@ -122,7 +122,7 @@ class RingAttention(nn.Module):
         self.cp_mesh = cp_mesh
         self.ring: Ring | None = None  # built at the first forward: the process group exists by then
 
-    @torch.compiler.disable  # point-to-point sends inside an autograd.Function: run eagerly
+    @torch.compiler.disable  # point-to-point sends inside an autograd.Function: eager (check_cp_impl refuses compile)
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (batch, heads, local_seq, head_dim); k, v: (batch, kv_heads, local_seq, head_dim)
         if self.ring is None:
