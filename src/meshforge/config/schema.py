@@ -50,8 +50,9 @@ class Training:
     """austen (shipped, offline), text (local .txt/.txt.gz file or folder: dataset_path), c4 / hf:<name> (network)."""
     dataset_path: str = ""
     """Path for dataset=text, or a local copy of a hub dataset."""
-    mixed_precision_param: Literal["bfloat16", "float32", "float16"] = "bfloat16"
-    """Dtype of parameters in forward/backward (FSDP2 MixedPrecisionPolicy, or autocast without FSDP)."""
+    mixed_precision_param: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
+    """Dtype of parameters in forward/backward (FSDP2 MixedPrecisionPolicy, or autocast without FSDP). auto: bfloat16
+    on CUDA; on a CPU the faster of float32 and bfloat16 by the cached matmul probe (stated in the start-up banner)."""
     mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
     """Dtype of gradient reduction across data-parallel ranks."""
     gradient_accumulation_steps: int = 1

@@ -2,7 +2,8 @@
 
 Definitions (TorchTitan's, so figures compare): tokens/s per device = tokens this data-parallel rank trained on in the
 interval / (seconds x cp x tp x pp); TFLOPs = flops_per_token x tokens/s per device; MFU = that / the peak FLOP/s of one
-device (a table for GPUs; on a CPU a matmul probe measured at start-up, labelled as such). No MFU with Float8.
+device (device/peak.py: a table of exact GPU models; on a CPU the cached matmul probe in the run's dtype, raised to
+the highest FLOP/s a logged interval reached when that is higher, and said so). No MFU with Float8 or an unknown GPU.
 """
 
 from __future__ import annotations
@@ -19,70 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from meshforge.device.dtypes import dtype_name
-from meshforge.paths import cache_root
-
-GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12, "L40S": 362e12, "A10": 125e12}
-
-
-def device_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
-    """Peak FLOP/s of one device and where the figure comes from."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, peak in GPU_PEAK_BF16.items():
-            if key in name:
-                return peak, f"{key} bf16 dense peak (datasheet)"
-        return 312e12, f"unknown GPU {name!r}: assuming A100 bf16 peak"
-    threads = torch.get_num_threads()
-    peak = cached_cpu_peak(dtype, threads)
-    return peak, f"measured once: CPU {dtype_name(dtype)} matmul probe, {threads} thread(s), cached in {peak_cache()}"
-
-
-def peak_cache() -> Path:
-    return cache_root() / "cpu_peak.json"
-
-
-def cached_cpu_peak(dtype: torch.dtype, threads: int) -> float:
-    """The CPU matmul peak for (cpu model, dtype, threads), probed once per machine and cached, so that MFU of every
-    run compares: a probe taken while other ranks start up would measure the load, not the CPU. Ranks take a file
-    lock, so only the first one probes (alone) and the others read its figure."""
-    import fcntl
-    import platform
-
-    path = peak_cache()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key = f"{cpu_model() or platform.machine()}|{dtype_name(dtype)}|{threads}"
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        table = json.loads(path.read_text()) if path.is_file() else {}
-        if key not in table:
-            table[key] = cpu_matmul_probe(dtype, seconds=1.0)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(table, indent=1))
-            os.replace(tmp, path)
-    return float(table[key])
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return ""
-
-
-def cpu_matmul_probe(dtype: torch.dtype, size: int = 512, seconds: float = 0.3) -> float:
-    """Best FLOP/s of a square matmul on this CPU (what a dense layer can reach here)."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
-    a @ b  # warm-up
-    best, deadline = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - start))
-    return best
+from meshforge.device.collectives import collective_tensor
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -131,6 +69,7 @@ class MetricsLogger:
         peak_flops: float | None,
         peak_source: str,
         non_dp_size: int,
+        peak_from_probe: bool = False,
         device: torch.device,
         tensorboard: bool,
         progress_bar: bool = False,
@@ -139,6 +78,7 @@ class MetricsLogger:
         self.rank, self.console, self.device = rank, console, device
         self.flops_per_token, self.peak_flops, self.peak_source = flops_per_token, peak_flops, peak_source
         self.non_dp_size = non_dp_size
+        self.peak_from_probe = peak_from_probe  # a measured (CPU) peak: what the run itself reaches bounds it
         self.interval = Interval()
         self.records: list[dict[str, Any]] = []
         self.path = Path(dump_folder) / "metrics.jsonl"
@@ -195,10 +135,13 @@ class MetricsLogger:
     ) -> dict[str, Any]:
         """Reduce over ranks (mean loss over data-parallel ranks is done by the caller; here: max memory), write."""
         elapsed = time.perf_counter() - self.interval.start
-        mem = torch.tensor([peak_memory_gib(self.device)], dtype=torch.float64)
+        memory = peak_memory_gib(self.device)
         if dist.is_initialized():
+            mem = collective_tensor([memory])
             dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+            memory = float(mem.item())
         tps = self.interval.tokens / (elapsed * self.non_dp_size)
+        self._bound_peak(self.flops_per_token * tps)
         record: dict[str, Any] = {
             "step": step,
             "loss": float(loss),
@@ -207,7 +150,7 @@ class MetricsLogger:
             "tps": tps,
             "tflops": self.flops_per_token * tps / 1e12,
             "mfu_pct": None if self.peak_flops is None else 100 * self.flops_per_token * tps / self.peak_flops,
-            "peak_memory_gib": float(mem.item()),
+            "peak_memory_gib": memory,
             "data_loading_pct": 100 * self.interval.data_seconds / elapsed,
             "step_time_s": elapsed,
             "elapsed_s": time.perf_counter() - self.t0,
@@ -228,6 +171,22 @@ class MetricsLogger:
         self.interval = Interval()
         reset_peak_memory(self.device)
         return record
+
+    def _bound_peak(self, achieved: float) -> None:
+        """A probed peak below what this run's own matmuls reached is no peak: take the observed FLOP/s instead
+        (so MFU never exceeds 100 %) and say so once per raise."""
+        if not self.peak_from_probe or self.peak_flops is None or achieved <= self.peak_flops:
+            return
+        probe = self.peak_flops
+        self.peak_flops = achieved
+        self.peak_source = f"observed {achieved:.3g} FLOP/s, above the probe's {probe:.3g} ({self.peak_source})"
+        if self.console:
+            print(
+                f"meshforge: this run reached {achieved / 1e9:.3g} GFLOP/s per device, above the CPU probe's "
+                f"{probe / 1e9:.3g}; MFU uses the observed figure as the peak from here on",
+                file=sys.stdout,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self.wandb is not None:

@@ -17,7 +17,7 @@ from meshforge.config.io import ConfigError, load_config
 from meshforge.plan import article, calibrate, report
 from meshforge.plan.advisor import search
 from meshforge.plan.estimate import estimate, pipeline_timeline
-from meshforge.plan.hardware import HardwareProfile, load_hardware, preset_names, save_profile
+from meshforge.plan.hardware import HardwareProfile, auto_param_dtype, load_hardware, preset_names, save_profile
 from meshforge.plan.layout import IMPLEMENTATIONS, layout_from_config
 
 
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     if opts.world_size is None:
         raise ConfigError("--world-size N is required (the number of devices to plan for)")
     cfg = load_config(opts.config, overrides)
-    layout = layout_from_config(cfg, opts.world_size, impl=opts.impl)
+    layout = layout_from_config(cfg, opts.world_size, impl=opts.impl, auto_dtype=auto_param_dtype(hw.spec))
     if opts.search:
         result = search(layout, opts.world_size, hw)
         print(json.dumps(report.search_json(result), indent=2) if opts.json else report.format_search(result, hw))

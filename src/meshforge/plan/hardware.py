@@ -263,15 +263,18 @@ def save_profile(profile: HardwareProfile, path: Path) -> None:
 
 @functools.lru_cache(maxsize=1)
 def cpu_spec() -> HardwareSpec:
-    """This host, measured: a ~1 s matmul and copy probe with the threads torch uses, memory from /proc/meminfo."""
+    """This host, measured: the matmul probe training's MFU uses (device/peak.py, cached per CPU model, dtype and
+    threads), a copy probe with the threads torch uses, memory from /proc/meminfo."""
     import torch
+
+    from meshforge.device.peak import cached_cpu_peak
 
     threads = torch.get_num_threads()
     return HardwareSpec(
         name="cpu",
         description=f"this host: {os.cpu_count()} cores, probed with {threads} torch thread(s); gloo over loopback",
-        peak_bf16_flops=_matmul_flops(torch.bfloat16),
-        peak_fp32_flops=_matmul_flops(torch.float32),
+        peak_bf16_flops=cached_cpu_peak(torch.bfloat16, threads),
+        peak_fp32_flops=cached_cpu_peak(torch.float32, threads),
         peak_fp8_flops=0.0,
         memory_gib=_meminfo_gib(),
         memory_bandwidth=_copy_bandwidth(),
@@ -289,30 +292,19 @@ def cpu_spec() -> HardwareSpec:
     )
 
 
+def auto_param_dtype(spec: HardwareSpec) -> str:
+    """What ``training.mixed_precision_param = auto`` resolves to on this hardware (device/precision.py's rule):
+    bfloat16 on GPUs; on a CPU the dtype its probe found faster."""
+    if spec.is_gpu or spec.peak_bf16_flops > spec.peak_fp32_flops:
+        return "bfloat16"
+    return "float32"
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def _matmul_flops(dtype: Any, size: int = 512, seconds: float = 0.3) -> float:
-    """Best FLOP/s of a square matmul after a warm-up (thread pools and caches start cold)."""
-    import time
-
-    import torch
-
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    warm = time.perf_counter() + 0.1
-    while time.perf_counter() < warm:
-        a @ b
-    best, deadline = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        best = max(best, 8 * size**3 / (time.perf_counter() - start))
-    return best
 
 
 def _copy_bandwidth(numel: int = 8 * 1024 * 1024, repeats: int = 5) -> float:

@@ -125,8 +125,12 @@ class Layout:
         return text + (f" | {', '.join(feats)}" if feats else "")
 
 
-def layout_from_config(cfg: JobConfig, world_size: int, *, impl: str = "meshforge") -> Layout:
-    """The layout a config describes at ``world_size`` devices; ConfigError if the degrees do not fit it."""
+def layout_from_config(
+    cfg: JobConfig, world_size: int, *, impl: str = "meshforge", auto_dtype: str = "bfloat16"
+) -> Layout:
+    """The layout a config describes at ``world_size`` devices; ConfigError if the degrees do not fit it.
+    ``training.mixed_precision_param = auto`` becomes ``auto_dtype`` (training's rule: bfloat16 on GPUs; for a CPU
+    profile the caller passes the faster dtype of its probe, plan.hardware.auto_param_dtype)."""
     par = cfg.parallelism
     if world_size < 1:
         raise ConfigError(f"--world-size {world_size} must be >= 1")
@@ -164,7 +168,7 @@ def layout_from_config(cfg: JobConfig, world_size: int, *, impl: str = "meshforg
         float8_all_gather=cfg.quantize.dense.float8.enable_fsdp_float8_all_gather,
         async_tp=par.enable_async_tensor_parallel,
         reshard_after_forward=_reshard(par.fsdp_reshard_after_forward, par.pipeline_parallel_degree > 1),
-        param_dtype=cfg.training.mixed_precision_param,
+        param_dtype=auto_dtype if cfg.training.mixed_precision_param == "auto" else cfg.training.mixed_precision_param,
         reduce_dtype=cfg.training.mixed_precision_reduce,
         cp_impl=par.context_parallel_impl,
     )

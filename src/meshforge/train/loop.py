@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Iterator
@@ -21,12 +22,16 @@ from meshforge.config.io import to_toml
 from meshforge.config.schema import JobConfig
 from meshforge.data.loader import PackedDataLoader, build_dataloader
 from meshforge.data.tokenizer import build_tokenizer
+from meshforge.device.collectives import to_collective_device
+from meshforge.device.determinism import enable_determinism
 from meshforge.device.dtypes import DTYPES
+from meshforge.device.peak import device_peak_flops
+from meshforge.device.precision import resolve_param_dtype
 from meshforge.model.flavors import ModelArgs, flops_per_token, model_args_for
 from meshforge.model.llama import build_model
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
 from meshforge.observability.logs import launcher_rank, rank_logging
-from meshforge.observability.metrics import MetricsLogger, device_peak_flops, logging_ranks
+from meshforge.observability.metrics import MetricsLogger, logging_ranks
 from meshforge.observability.profiling import StepProfiler, check_window, profiling
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
@@ -55,13 +60,15 @@ class TrainState:
     pipeline: Pipeline | None = None
     checkpointer: Checkpointer | None = None
     step: int = 0
+    precision: str = ""  # how training.mixed_precision_param was chosen (the banner says it)
 
 
 def setup(cfg: JobConfig) -> TrainState:
     """Everything a run needs, built in the one direction data flows."""
     ctx = init_distributed(cfg.training.device, cfg.comm.init_timeout_seconds)
+    cfg, precision = with_param_dtype(cfg, ctx.device)
     if cfg.training.deterministic:
-        torch.use_deterministic_algorithms(True)
+        enable_determinism(ctx.device)
     torch.manual_seed(cfg.training.seed)
     dims = ParallelDims.from_config(cfg.parallelism, ctx.world_size)
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
@@ -78,10 +85,23 @@ def setup(cfg: JobConfig) -> TrainState:
     scheduler = build_lr_scheduler(optimizer, cfg.lr_scheduler, cfg.training.steps)
     metrics = build_metrics(cfg, ctx, dims, model_args)
     state = TrainState(cfg, ctx, dims, mesh, model_args, model_parts, optimizer, scheduler, loader, metrics, pipeline)
+    state.precision = precision
     state.checkpointer = build_checkpointer(cfg, ctx, dims, metrics.console)
     if state.checkpointer is not None:  # resume (or load initial weights) now that optimizer and scheduler exist
         state.checkpointer.load(state)
     return state
+
+
+def with_param_dtype(cfg: JobConfig, device: torch.device) -> tuple[JobConfig, str]:
+    """The config with ``training.mixed_precision_param = auto`` resolved for ``device`` (device/precision.py), and
+    a sentence for the banner. Rank 0's choice holds on every rank (each rank's probe could differ)."""
+    name, why = resolve_param_dtype(cfg.training.mixed_precision_param, device)
+    if cfg.training.mixed_precision_param == "auto" and dist.is_initialized():
+        chosen = [(name, why)]
+        dist.broadcast_object_list(chosen, src=0)
+        name, why = chosen[0]
+    training = dataclasses.replace(cfg.training, mixed_precision_param=name)  # type: ignore[arg-type]
+    return dataclasses.replace(cfg, training=training), f"{name} ({why})"
 
 
 def build_checkpointer(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, console: bool) -> Checkpointer | None:
@@ -149,6 +169,7 @@ def build_metrics(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, args: Mo
         flops_per_token=flops_per_token(args, cfg.training.seq_len),
         peak_flops=None if float8 else peak,
         peak_source=source,
+        peak_from_probe=ctx.device.type == "cpu",
         non_dp_size=dims.non_data_parallel_size,
         device=ctx.device,
         tensorboard=cfg.metrics.enable_tensorboard,
@@ -210,8 +231,9 @@ def global_mean(value: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:
     group_mesh = sub_mesh(mesh, "dp_cp")
     if group_mesh is None:
         return value
-    value = value.detach().clone()
-    dist.all_reduce(value, op=dist.ReduceOp.AVG, group=group_mesh.get_group())
+    group = group_mesh.get_group()
+    value = to_collective_device(value.detach(), group).clone()
+    dist.all_reduce(value, op=dist.ReduceOp.AVG, group=group)
     return value
 
 
@@ -278,10 +300,11 @@ def run_job(state: TrainState) -> list[dict[str, Any]]:
     cfg = state.cfg
     write_run_config(cfg, state.ctx.rank)
     if state.metrics.console:
+        peak = "n/a" if state.metrics.peak_flops is None else f"{state.metrics.peak_flops:.3g}"
         print(
             f"meshforge: {cfg.model.flavor} on {state.ctx.world_size} x {state.ctx.device.type} "
             f"({state.ctx.backend or 'single process'}), layout {state.dims}, peak FLOP/s "
-            f"{state.metrics.peak_flops or 0:.3g} ({state.metrics.peak_source})",
+            f"{peak} ({state.metrics.peak_source}), compute dtype {state.precision}",
             flush=True,
         )
     if cfg.checkpoint.create_seed_checkpoint:

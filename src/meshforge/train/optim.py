@@ -13,6 +13,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from meshforge.config.schema import LRScheduler, Optimizer
+from meshforge.device.collectives import to_collective_device
 
 
 def build_optimizer(model_parts: list[nn.Module], cfg: Optimizer) -> torch.optim.Optimizer:
@@ -55,8 +56,9 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, pp_mesh: De
     if isinstance(total, DTensor):  # partial norms of shards -> the full norm
         total = total.full_tensor()
     if pp_mesh is not None:
-        squared = total.pow(2)
-        dist.all_reduce(squared, group=pp_mesh.get_group())
+        group = pp_mesh.get_group()
+        squared = to_collective_device(total.pow(2), group)
+        dist.all_reduce(squared, group=group)
         total = squared.sqrt()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)

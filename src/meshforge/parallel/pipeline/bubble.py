@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
+from meshforge.device.collectives import collective_tensor
 from meshforge.parallel.pipeline import simulator
 
 Action = tuple[int, str, int]
@@ -105,7 +106,7 @@ class TimedPipelineStage(PipelineStage):
 
 def idle_shares_by_pp_rank(clock: BusyClock, pp_group: dist.ProcessGroup) -> list[float]:
     """Every pipeline rank's idle share since the last call (collective over the pipeline group)."""
-    mine = torch.tensor([clock.take()], dtype=torch.float64, device=clock.device)
+    mine = collective_tensor([clock.take()], pp_group)
     shares = [torch.zeros_like(mine) for _ in range(dist.get_world_size(pp_group))]
     dist.all_gather(shares, mine, group=pp_group)
     return [float(s.item()) for s in shares]
