@@ -8,7 +8,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "meshforge"
 FLOORS = {
-    "paths": 0,
+    "paths": -1,  # the ground (paths, errors): import nothing from meshforge, so every room may use them
+    "errors": -1,
     "device": 0,
     "model": 0,
     "config": 1,

@@ -144,7 +144,9 @@ def fake_probe(monkeypatch: pytest.MonkeyPatch, fp32: float, bf16: float) -> Non
 
 
 @pytest.mark.parametrize(("fp32", "bf16", "expected"), [(90e9, 1e9, "float32"), (50e9, 200e9, "bfloat16")])
-def test_auto_dtype_on_cpu_is_the_faster(monkeypatch: pytest.MonkeyPatch, fp32: float, bf16: float, expected: str) -> None:
+def test_auto_dtype_on_cpu_is_the_faster(
+    monkeypatch: pytest.MonkeyPatch, fp32: float, bf16: float, expected: str
+) -> None:
     fake_probe(monkeypatch, fp32, bf16)
     name, why = resolve_param_dtype("auto", torch.device("cpu"))
     assert name == expected and "GFLOP/s" in why

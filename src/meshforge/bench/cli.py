@@ -77,10 +77,7 @@ def main(argv: list[str]) -> int:
 
         return compare_main(argv[1:])
     args = parse(argv)
-    try:
-        matrix = load_matrix(args.config or default_matrix_path())
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    matrix = load_matrix(args.config or default_matrix_path())  # ConfigError on a bad matrix
     if args.repeat < 0:
         raise ConfigError(f"--repeat {args.repeat}: use a positive number of repetitions (default {matrix.repeat})")
     matrix = dataclasses.replace(matrix, repeat=args.repeat or matrix.repeat)
@@ -97,10 +94,7 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"--report-only: {path} does not exist; run the sweep first")
         results = json.loads(path.read_text())
     else:
-        try:
-            plan = plan_sweep(matrix, out, force=args.force, retry_failed=args.retry_failed, only=only)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        plan = plan_sweep(matrix, out, force=args.force, retry_failed=args.retry_failed, only=only)
         results = sweep(matrix, plan, out, launch)
     if launch.node_rank != 0:
         return 0

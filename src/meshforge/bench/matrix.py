@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.bench.reference import figure
+from meshforge.errors import ConfigError
 from meshforge.model.flavors import get_flavor
 
 DTYPES = ("float32", "bfloat16")
@@ -225,11 +226,11 @@ def load_matrix(path: str | Path) -> BenchMatrix:
     """Read and validate a matrix file; ValueError naming the key, the value and the fix otherwise."""
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"--config {path}: no such file (configs/bench/ holds the shipped matrices)")
+        raise ConfigError(f"--config {path}: no such file (configs/bench/ holds the shipped matrices)")
     try:
         tree = tomllib.loads(file.read_text())
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"--config {path}: not valid TOML ({exc})") from None
+        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
     try:
         source = str(file.resolve().relative_to(Path.cwd()))
     except ValueError:
@@ -242,7 +243,7 @@ def parse_matrix(tree: dict[str, Any], source: str = "", device: str = "") -> Be
     whatever this machine has) each run's ``cpu_overrides`` join its ``overrides``."""
     unknown = sorted(set(tree) - {"bench", "run", "scaling"})
     if unknown:
-        raise ValueError(f"unknown section [{unknown[0]}] in the bench matrix; use [bench], [[run]] and [[scaling]]")
+        raise ConfigError(f"unknown section [{unknown[0]}] in the bench matrix; use [bench], [[run]] and [[scaling]]")
     head = dict(tree.get("bench", {}))
     runs = [build_entry(BenchRun, entry, f"run[{i}]") for i, entry in enumerate(tree.get("run", []))]
     if (device or local_device()) == "cpu":
@@ -273,14 +274,14 @@ def build_entry(cls: Any, entry: dict[str, Any], where: str) -> Any:
         if key in ("runs", "source") and cls is BenchMatrix:
             continue
         if key not in known:
-            raise ValueError(f"unknown key {where}.{key}; allowed: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown key {where}.{key}; allowed: {', '.join(sorted(known))}")
         text = known[key]
         expected = _TYPES.get(text, (dict,) if text.startswith("dict") else ())
         if expected and (not isinstance(value, expected) or (bool not in expected and isinstance(value, bool))):
-            raise ValueError(f"{where}.{key} = {value!r} must be {text}")
+            raise ConfigError(f"{where}.{key} = {value!r} must be {text}")
     missing = sorted(k for k in _REQUIRED[cls.__name__] if k not in entry)
     if missing:
-        raise ValueError(f"{where} needs the key {missing[0]!r} (see configs/bench/default.toml)")
+        raise ConfigError(f"{where} needs the key {missing[0]!r} (see configs/bench/default.toml)")
     return cls(**entry)
 
 
@@ -292,11 +293,11 @@ def expand_scaling(matrix: BenchMatrix, entries: list[dict[str, Any]]) -> BenchM
         where = f"scaling[{i}]"
         unknown = sorted(set(entry) - {"name", "run", "ranks"})
         if unknown or "run" not in entry or not isinstance(entry.get("ranks"), list):
-            raise ValueError(f"{where} needs run = '<a [[run]] name>' and ranks = [1, 2, 4] (and optionally name)")
+            raise ConfigError(f"{where} needs run = '<a [[run]] name>' and ranks = [1, 2, 4] (and optionally name)")
         try:
             base = matrix.run(entry["run"])
         except KeyError:
-            raise ValueError(f"{where}.run = {entry['run']!r} is not the name of a [[run]]") from None
+            raise ConfigError(f"{where}.run = {entry['run']!r} is not the name of a [[run]]") from None
         name = entry.get("name", f"{base.name}_scaling")
         series[name] = [scaled(base, n, matrix, where, runs) for n in entry["ranks"]]
     return replace(matrix, runs=runs, scaling=series)
@@ -305,12 +306,12 @@ def expand_scaling(matrix: BenchMatrix, entries: list[dict[str, Any]]) -> BenchM
 def scaled(base: BenchRun, ranks: Any, matrix: BenchMatrix, where: str, runs: list[BenchRun]) -> str:
     """The name of ``base`` at ``ranks`` ranks (appended to ``runs`` unless it is the base itself)."""
     if not isinstance(ranks, int) or ranks < 1:
-        raise ValueError(f"{where}.ranks holds {ranks!r}; use positive integers")
+        raise ConfigError(f"{where}.ranks holds {ranks!r}; use positive integers")
     if ranks == base.ranks:
         return base.name
     others = base.dp_replicate * base.tp * base.pp * base.cp
     if ranks % others:
-        raise ValueError(f"{where}: {ranks} ranks cannot hold the non-FSDP degrees of {base.name} ({others})")
+        raise ConfigError(f"{where}: {ranks} ranks cannot hold the non-FSDP degrees of {base.name} ({others})")
     run = replace(
         base,
         name=f"{base.name}_r{ranks}",
@@ -322,7 +323,7 @@ def scaled(base: BenchRun, ranks: Any, matrix: BenchMatrix, where: str, runs: li
     )
     base_local = matrix.local_batch_size(base)
     if base_local < 1 or matrix.global_batch_of(base) % (run.dp * base_local):
-        raise ValueError(
+        raise ConfigError(
             f"{where}: global_batch_size {matrix.global_batch_of(base)} is not a multiple of {run.dp} ranks x local "
             f"batch {base_local}; choose ranks that divide it"
         )
@@ -336,19 +337,19 @@ def validate(matrix: BenchMatrix) -> None:
     """Cross-checks: names unique, degrees multiply to ranks, batches divide, dtype known, baseline exists."""
     get_flavor(matrix.flavor)
     if matrix.dtype not in DTYPES:
-        raise ValueError(f"bench.dtype = {matrix.dtype!r}; choose one of {', '.join(DTYPES)}")
+        raise ConfigError(f"bench.dtype = {matrix.dtype!r}; choose one of {', '.join(DTYPES)}")
     if matrix.warmup_steps < 0 or matrix.measured_steps < 1:
-        raise ValueError("bench.warmup_steps must be >= 0 and bench.measured_steps >= 1")
+        raise ConfigError("bench.warmup_steps must be >= 0 and bench.measured_steps >= 1")
     if matrix.repeat < 1 or not 0.5 <= matrix.confidence < 1:
-        raise ValueError(
+        raise ConfigError(
             f"bench.repeat = {matrix.repeat}, bench.confidence = {matrix.confidence}: need repeat >= 1 and "
             "0.5 <= confidence < 1 (e.g. 3 and 0.95)"
         )
     names = [r.name for r in matrix.runs]
     if len(set(names)) != len(names):
-        raise ValueError(f"run names must be unique; {sorted(n for n in names if names.count(n) > 1)[0]!r} repeats")
+        raise ConfigError(f"run names must be unique; {sorted(n for n in names if names.count(n) > 1)[0]!r} repeats")
     if matrix.baseline and matrix.baseline not in names:
-        raise ValueError(f"bench.baseline = {matrix.baseline!r} is not the name of a [[run]]")
+        raise ConfigError(f"bench.baseline = {matrix.baseline!r} is not the name of a [[run]]")
     for run in matrix.runs:
         validate_run(matrix, run)
 
@@ -356,12 +357,12 @@ def validate(matrix: BenchMatrix) -> None:
 def validate_run(matrix: BenchMatrix, run: BenchRun) -> None:
     where = f"run {run.name!r}"
     if not run.name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"{where}: names may hold letters, digits, '_' and '-' only (it names a folder)")
+        raise ConfigError(f"{where}: names may hold letters, digits, '_' and '-' only (it names a folder)")
     if run.group not in GROUPS:
-        raise ValueError(f"{where}: group = {run.group!r}; choose one of {', '.join(GROUPS)}")
+        raise ConfigError(f"{where}: group = {run.group!r}; choose one of {', '.join(GROUPS)}")
     degrees = run.dp_replicate * run.resolved_dp_shard * run.tp * run.pp * run.cp
     if run.ranks < 1 or degrees != run.ranks or min(run.dp_replicate, run.tp, run.pp, run.cp) < 1:
-        raise ValueError(
+        raise ConfigError(
             f"{where}: dp_replicate {run.dp_replicate} x dp_shard {run.resolved_dp_shard} x tp {run.tp} x pp {run.pp} "
             f"x cp {run.cp} must equal ranks = {run.ranks}; fix a degree (dp_shard = -1 fills in the rest)"
         )
@@ -369,7 +370,7 @@ def validate_run(matrix: BenchMatrix, run: BenchRun) -> None:
         figure(run.reference)
     share = run.dp * run.gradient_accumulation_steps
     if matrix.global_batch_of(run) % share:
-        raise ValueError(
+        raise ConfigError(
             f"{where}: global_batch_size = {matrix.global_batch_of(run)} is not divisible by dp {run.dp} x "
             f"gradient accumulation {run.gradient_accumulation_steps}; every run must train the same global batch"
         )

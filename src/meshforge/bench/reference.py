@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from meshforge.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ArticleFigure:
@@ -113,7 +115,7 @@ CLAIMS = (
 def figure(key: str) -> ArticleFigure:
     """The article's row named ``key``; ValueError listing the keys otherwise."""
     if key not in FIGURES:
-        raise ValueError(f"reference = {key!r} is not one of the article's figures: {', '.join(FIGURES)}")
+        raise ConfigError(f"reference = {key!r} is not one of the article's figures: {', '.join(FIGURES)}")
     return FIGURES[key]
 
 

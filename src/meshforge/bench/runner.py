@@ -23,6 +23,7 @@ from typing import Any
 from meshforge.bench.machine import cpu_cores, load_average
 from meshforge.bench.matrix import BenchMatrix, BenchRun
 from meshforge.bench.record import Repetition
+from meshforge.errors import ConfigError
 
 SCHEMA_VERSION = 2  # 2: repetitions, bootstrap intervals, raw step values, machine state
 FINISHED = ("ok", "failed", "unsupported")
@@ -285,7 +286,7 @@ def plan_sweep(
     names = [r.name for r in matrix.runs]
     for name in only or []:
         if name not in names:
-            raise ValueError(f"--only {name}: no such run; the matrix has {', '.join(names)}")
+            raise ConfigError(f"--only {name}: no such run; the matrix has {', '.join(names)}")
     kept: dict[str, dict[str, Any]] = {}
     todo: list[BenchRun] = []
     for run in matrix.runs:
@@ -345,5 +346,5 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
     data = json.loads(Path(path).read_text())
     records = data["runs"] if isinstance(data, dict) else data
     if not isinstance(records, list):
-        raise ValueError(f"{path}: expected a results.json written by `meshforge bench`")
+        raise ConfigError(f"{path}: expected a results.json written by `meshforge bench`")
     return records

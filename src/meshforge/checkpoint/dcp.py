@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 from meshforge.checkpoint import store
 from meshforge.config.schema import Checkpoint
 from meshforge.device.dtypes import DTYPES
+from meshforge.errors import ConfigError
 
 if TYPE_CHECKING:
     from meshforge.train.loop import TrainState
@@ -105,17 +106,17 @@ class Checkpointer:
     def _validate(self) -> None:
         cfg = self.cfg
         if cfg.async_mode == "async_with_pinned_mem" and self.device.type != "cuda":
-            raise ValueError(
+            raise ConfigError(
                 "checkpoint.async_mode = 'async_with_pinned_mem' needs CUDA (pinned host memory for device copies); "
                 f"this run is on {self.device.type}: use 'async'"
             )
         if cfg.create_seed_checkpoint and self.world_size > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint.create_seed_checkpoint runs on one process (this run has {self.world_size}); "
                 "any layout can then load the seed"
             )
         if cfg.load_step >= 0 and not cfg.enable:
-            raise ValueError(f"checkpoint.load_step = {cfg.load_step} needs checkpoint.enable = true")
+            raise ConfigError(f"checkpoint.load_step = {cfg.load_step} needs checkpoint.enable = true")
 
     # -- saving ----------------------------------------------------------------------------------------------------
 
@@ -209,7 +210,7 @@ class Checkpointer:
         steps = store.complete_steps(self.folder)
         if self.cfg.load_step >= 0:
             if self.cfg.load_step not in steps:
-                raise ValueError(
+                raise ConfigError(
                     f"checkpoint.load_step = {self.cfg.load_step}: {self.folder} has no complete "
                     f"step-{self.cfg.load_step} (complete steps: {steps or 'none'})"
                 )
@@ -220,7 +221,7 @@ class Checkpointer:
         from meshforge.checkpoint import hf
 
         if not path.exists():
-            raise ValueError(f"checkpoint.initial_load_path = {str(path)!r} does not exist")
+            raise ConfigError(f"checkpoint.initial_load_path = {str(path)!r} does not exist")
         if hf.is_hf_checkpoint(path):
             hf.load_hf_weights(state.model_parts, path, state.model_args)
             self._say(f"loaded Hugging Face weights from {path}")
@@ -237,7 +238,7 @@ class Checkpointer:
         model_only = weights_only or bool(manifest and manifest.get("model_only"))
         step = int(manifest["step"]) if manifest else 0
         if model_only and not weights_only and 0 < step < self.total_steps:
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint {path} holds only model weights (checkpoint.last_save_model_only): it cannot resume "
                 f"training to step {self.total_steps}; set checkpoint.load_step to a full checkpoint, or start a new "
                 "run from these weights with checkpoint.initial_load_path"
@@ -247,7 +248,7 @@ class Checkpointer:
                 p for part in self._gather(store.verify_files(path, manifest, self.rank, self.world_size)) for p in part
             ]
             if problems:
-                raise ValueError(
+                raise ConfigError(
                     f"checkpoint damaged: {problems[0]}{self._more(problems)}; delete {path} to resume "
                     "from an earlier checkpoint (or set checkpoint.load_step)"
                 )

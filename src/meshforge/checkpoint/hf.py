@@ -31,6 +31,7 @@ from torch import nn
 
 from meshforge.checkpoint import store
 from meshforge.device.dtypes import DTYPES
+from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.model.llama import Transformer, canonical_name, copy_into
 
@@ -159,7 +160,7 @@ def hf_files(path: Path) -> dict[str, Path]:
         return {name: path / file for name, file in json.loads(index.read_text())["weight_map"].items()}
     files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"{path}: no .safetensors files (a Hugging Face model folder or file was expected)")
+        raise ConfigError(f"{path}: no .safetensors files (a Hugging Face model folder or file was expected)")
     out = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:
@@ -182,7 +183,7 @@ def check_hf_config(path: Path, args: ModelArgs) -> None:
         if k in cfg and cfg[k] != want[k]
     ]
     if bad:
-        raise ValueError(f"{file} does not describe this model.flavor: {', '.join(bad)}; choose the matching flavor")
+        raise ConfigError(f"{file} does not describe this model.flavor: {', '.join(bad)}; choose the matching flavor")
 
 
 def _source_names(path: Path, args: ModelArgs) -> tuple[dict[str, Path], dict[str, str]]:
@@ -210,7 +211,7 @@ def _source_names(path: Path, args: ModelArgs) -> tuple[dict[str, Path], dict[st
             for what, items in (("missing", missing), ("unexpected", extra), ("shape", wrong))
             if items
         )
-        raise ValueError(f"Hugging Face weights {path} do not match model {args.dim}x{args.n_layers}: {detail}")
+        raise ConfigError(f"Hugging Face weights {path} do not match model {args.dim}x{args.n_layers}: {detail}")
     return files, names
 
 
@@ -260,11 +261,11 @@ def read_checkpoint_model(path: Path) -> tuple[dict[str, torch.Tensor], dict[str
         path = store.step_dir(path, steps[-1])
     manifest = store.read_manifest(path)
     if manifest and (problems := store.verify_files(path, manifest, 0, 1)):
-        raise ValueError(f"checkpoint damaged: {problems[0]}")
+        raise ConfigError(f"checkpoint damaged: {problems[0]}")
     saved = store.saved_shapes(store.read_metadata(path))
     model = {k.removeprefix("model."): torch.empty(s) for k, s in saved.items() if k.startswith("model.") and s}
     if not model:
-        raise ValueError(f"checkpoint {path} holds no model weights")
+        raise ConfigError(f"checkpoint {path} holds no model weights")
     with store.single_process_quiet():
         dcp.load({"model": model}, storage_reader=store.SafeReader(path))
     return model, manifest
@@ -283,7 +284,7 @@ def checkpoint_to_hf(path: Path, out: Path, flavor: str | None, dtype: str) -> P
     weights, manifest = read_checkpoint_model(path)
     name = flavor or (manifest or {}).get("flavor")
     if not name:
-        raise ValueError(f"{path} has no manifest naming its flavor: pass --flavor")
+        raise ConfigError(f"{path} has no manifest naming its flavor: pass --flavor")
     return save_hf(weights, get_flavor(name), out, dtype)
 
 
@@ -303,7 +304,7 @@ def main(argv: list[str]) -> int:
             done = hf_to_checkpoint(args.src, args.dst, get_flavor(args.flavor), args.flavor)
         else:
             done = checkpoint_to_hf(args.src, args.dst, args.flavor, args.dtype)
-    except ValueError as exc:
+    except ConfigError as exc:
         print(f"meshforge convert: error: {exc}", file=sys.stderr, flush=True)
         return 2
     print(f"meshforge convert: wrote {done}")

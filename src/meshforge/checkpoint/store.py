@@ -35,6 +35,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
+from meshforge.errors import ConfigError
+
 MANIFEST = "meshforge.json"
 FORMAT = "meshforge-checkpoint-v1"
 _STEP = re.compile(r"^step-(\d+)$")
@@ -124,11 +126,11 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     try:
         manifest = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
-        raise ValueError(
+        raise ConfigError(
             f"checkpoint manifest {file} is unreadable ({exc}); delete {path} or load another step"
         ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or "files" not in manifest:
-        raise ValueError(f"checkpoint manifest {file} is not a {FORMAT} manifest; delete {path} or load another step")
+        raise ConfigError(f"checkpoint manifest {file} is not a {FORMAT} manifest; delete {path} or load another step")
     return manifest
 
 
@@ -189,11 +191,11 @@ def read_metadata(path: Path) -> Metadata:
     try:
         metadata = _MetadataUnpickler(io.BytesIO(file.read_bytes())).load()
     except FileNotFoundError:
-        raise ValueError(f"{path} is not a checkpoint: it has no .metadata file") from None
+        raise ConfigError(f"{path} is not a checkpoint: it has no .metadata file") from None
     except Exception as exc:  # any unpickling failure means a damaged or foreign file
-        raise ValueError(f"checkpoint metadata {file} is unreadable ({type(exc).__name__}: {exc})") from None
+        raise ConfigError(f"checkpoint metadata {file} is unreadable ({type(exc).__name__}: {exc})") from None
     if not isinstance(metadata, Metadata):
-        raise ValueError(f"checkpoint metadata {file} holds a {type(metadata).__name__}, not DCP metadata")
+        raise ConfigError(f"checkpoint metadata {file} holds a {type(metadata).__name__}, not DCP metadata")
     return metadata
 
 
@@ -202,7 +204,7 @@ class SafeReader(FileSystemReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
-            raise ValueError(f"{self.path}: per-rank metadata (use_collectives=False checkpoints) is not supported")
+            raise ConfigError(f"{self.path}: per-rank metadata (use_collectives=False checkpoints) is not supported")
         metadata = read_metadata(Path(self.path))
         storage_meta = metadata.storage_meta or StorageMeta()
         storage_meta.load_id = self.load_id
@@ -233,7 +235,7 @@ def check_keys(path: Path, wanted: dict[str, tuple[int, ...]], saved: dict[str, 
         parts.append("missing " + listing(missing))
     if extra:
         parts.append("unexpected " + listing(extra))
-    raise ValueError(
+    raise ConfigError(
         f"checkpoint {path / '.metadata'} does not match this model/optimizer: {'; '.join(parts)} "
         "(a checkpoint of another model.flavor? load a matching one, or use a new checkpoint.folder)"
     )

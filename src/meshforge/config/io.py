@@ -15,13 +15,10 @@ from typing import Any, Literal, get_args, get_origin
 import tomli_w
 
 from meshforge.config.schema import JobConfig
+from meshforge.errors import ConfigError as ConfigError  # re-exported: the name every room imports from here
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
-
-
-class ConfigError(ValueError):
-    """A user mistake in the configuration: the message is one line, printed without a traceback."""
 
 
 def field_types(cls: Any) -> dict[str, Any]:
@@ -37,12 +34,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     for key, value in parse_overrides(overrides or []):
         _set_dotted(tree, key, value)
     cfg = build(JobConfig, tree, prefix="")
-    try:
-        cfg.validate()
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    cfg.validate()  # raises ConfigError (a ValueError from anywhere else is a bug and keeps its traceback)
     return cfg
 
 

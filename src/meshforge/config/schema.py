@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from meshforge.errors import ConfigError
+
 
 @dataclass
 class Job:
@@ -66,9 +68,9 @@ class Training:
         _positive("training.steps", self.steps)
         _positive("training.gradient_accumulation_steps", self.gradient_accumulation_steps)
         if self.max_norm < 0:
-            raise ValueError(f"training.max_norm = {self.max_norm} must be >= 0 (0 disables clipping)")
+            raise ConfigError(f"training.max_norm = {self.max_norm} must be >= 0 (0 disables clipping)")
         if self.dataset == "text" and not self.dataset_path:
-            raise ValueError("training.dataset = 'text' needs training.dataset_path (a .txt file or folder)")
+            raise ConfigError("training.dataset = 'text' needs training.dataset_path (a .txt file or folder)")
 
 
 @dataclass
@@ -88,12 +90,12 @@ class Optimizer:
 
     def validate(self) -> None:
         if self.lr <= 0:
-            raise ValueError(f"optimizer.lr = {self.lr} must be > 0")
+            raise ConfigError(f"optimizer.lr = {self.lr} must be > 0")
         for key, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
             if not 0 <= beta < 1:
-                raise ValueError(f"optimizer.{key} = {beta} must be in [0, 1)")
+                raise ConfigError(f"optimizer.{key} = {beta} must be in [0, 1)")
         if self.eps <= 0 or self.weight_decay < 0:
-            raise ValueError("optimizer.eps must be > 0 and optimizer.weight_decay >= 0")
+            raise ConfigError("optimizer.eps must be > 0 and optimizer.weight_decay >= 0")
 
 
 @dataclass
@@ -107,9 +109,9 @@ class LRScheduler:
 
     def validate(self) -> None:
         if self.warmup_steps < 0:
-            raise ValueError(f"lr_scheduler.warmup_steps = {self.warmup_steps} must be >= 0")
+            raise ConfigError(f"lr_scheduler.warmup_steps = {self.warmup_steps} must be >= 0")
         if not 0 <= self.min_lr_factor <= 1:
-            raise ValueError(f"lr_scheduler.min_lr_factor = {self.min_lr_factor} must be in [0, 1]")
+            raise ConfigError(f"lr_scheduler.min_lr_factor = {self.min_lr_factor} must be in [0, 1]")
 
 
 @dataclass
@@ -159,7 +161,7 @@ class Parallelism:
         ):
             _positive(f"parallelism.{key}", getattr(self, key))
         if self.data_parallel_shard_degree == 0 or self.data_parallel_shard_degree < -1:
-            raise ValueError(
+            raise ConfigError(
                 f"parallelism.data_parallel_shard_degree = {self.data_parallel_shard_degree} "
                 "must be >= 1 or -1 (the rest)"
             )
@@ -175,7 +177,7 @@ class ActivationCheckpoint:
     def validate(self) -> None:
         option = self.selective_ac_option
         if option != "op" and not (option.isdigit() and int(option) >= 1):
-            raise ValueError(
+            raise ConfigError(
                 f"activation_checkpoint.selective_ac_option = {option!r} must be 'op' or a positive integer"
             )
 
@@ -238,7 +240,7 @@ class Checkpoint:
     def validate(self) -> None:
         _positive("checkpoint.interval", self.interval)
         if self.keep_latest_k < 0 or self.keep_latest_k == 1:
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint.keep_latest_k = {self.keep_latest_k} must be 0 (keep all) or >= 2 (a crash while saving "
                 "must leave a complete one)"
             )
@@ -324,9 +326,9 @@ class JobConfig:
         ):
             section.validate()
         if self.profiling.profile_freq < 1 or self.profiling.profiler_active < 1 or self.profiling.profiler_warmup < 0:
-            raise ValueError("profiling.profile_freq and profiling.profiler_active must be >= 1, profiler_warmup >= 0")
+            raise ConfigError("profiling.profile_freq and profiling.profiler_active must be >= 1, profiler_warmup >= 0")
 
 
 def _positive(key: str, value: int) -> None:
     if value < 1:
-        raise ValueError(f"{key} = {value} must be >= 1")
+        raise ConfigError(f"{key} = {value} must be >= 1")

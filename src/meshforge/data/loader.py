@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from meshforge.data.fingerprint import cached_digest
+from meshforge.errors import ConfigError
 from meshforge.paths import REPO_ROOT, cache_root
 
 if TYPE_CHECKING:
@@ -121,14 +122,14 @@ def split_files(root: Path, split: str) -> tuple[list[Path], str]:
     if root.is_file():
         return [root], "head" if split == "train" else "tail"
     if not root.is_dir():
-        raise ValueError(f"text dataset path {str(root)!r} is neither a file nor a folder: set training.dataset_path")
+        raise ConfigError(f"text dataset path {str(root)!r} is neither a file nor a folder: set training.dataset_path")
     val_dir = root / "val"
     val_files = text_files(val_dir) if val_dir.is_dir() else []
     files = text_files(root)
     if val_files:
         return (files, "all") if split == "train" else (val_files, "all")
     if not files:
-        raise ValueError(f"no *.txt or *.txt.gz files in {str(root)!r}: set training.dataset_path")
+        raise ConfigError(f"no *.txt or *.txt.gz files in {str(root)!r}: set training.dataset_path")
     return files, "head" if split == "train" else "tail"
 
 
@@ -167,7 +168,7 @@ def load_hub_corpus(name: str, dataset_path: str, tokenizer: TokenizerLike, spli
     try:
         import datasets
     except ImportError:
-        raise ValueError(
+        raise ConfigError(
             f"dataset {name!r} needs the `datasets` package: pip install -e '.[hub]' (or use dataset = 'austen'/'text')"
         ) from None
     repo, config = ("allenai/c4", "en") if name == "c4" else (name, None)
@@ -178,7 +179,7 @@ def load_hub_corpus(name: str, dataset_path: str, tokenizer: TokenizerLike, spli
         try:
             stream = datasets.load_dataset(source, config, split=hub_split, streaming=True)
         except Exception as error:
-            raise ValueError(f"could not open dataset {source!r} split {hub_split!r}: {error}") from None
+            raise ConfigError(f"could not open dataset {source!r} split {hub_split!r}: {error}") from None
         return pack_documents(_stream_documents(stream, tokenizer), tokenizer.bos_id, tokenizer.eos_id)
 
     return cached_tokens([f"hub:{source}:{config}:{hub_split}:{STREAM_MAX_TOKENS}"], tokenizer, build)
@@ -190,7 +191,7 @@ def _stream_documents(stream: Iterable[dict[str, object]], tokenizer: TokenizerL
     total, batch = 0, []
     for row in stream:
         if "text" not in row:
-            raise ValueError(f"dataset rows have no 'text' field (fields: {sorted(row)})")
+            raise ConfigError(f"dataset rows have no 'text' field (fields: {sorted(row)})")
         batch.append(str(row["text"]))
         if len(batch) == 256:
             documents += tokenizer.encode_batch(batch)
@@ -209,17 +210,17 @@ def load_tokens(dataset: str, dataset_path: str, tokenizer: TokenizerLike, split
     """
     split = {"validation": "val"}.get(split, split)
     if split not in ("train", "val"):
-        raise ValueError(f"unknown split {split!r}: use 'train' or 'val'")
+        raise ConfigError(f"unknown split {split!r}: use 'train' or 'val'")
     if dataset == "austen":
         root = _resolve(dataset_path) if dataset_path else AUSTEN_DIR
         return load_text_corpus(root, tokenizer, split)
     if dataset == "text":
         if not dataset_path:
-            raise ValueError("dataset 'text' needs training.dataset_path (a .txt/.txt.gz file or a folder)")
+            raise ConfigError("dataset 'text' needs training.dataset_path (a .txt/.txt.gz file or a folder)")
         return load_text_corpus(_resolve(dataset_path), tokenizer, split)
     if dataset == "c4" or dataset.startswith("hf:"):
         return load_hub_corpus(dataset.removeprefix("hf:"), dataset_path, tokenizer, split)
-    raise ValueError(f"unknown training.dataset {dataset!r}: use austen, text, c4 or hf:<name>")
+    raise ConfigError(f"unknown training.dataset {dataset!r}: use austen, text, c4 or hf:<name>")
 
 
 def _resolve(path: str) -> Path:
@@ -273,7 +274,7 @@ class PackedDataLoader:
         if not 0 <= dp_rank < dp_degree:
             raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_degree={dp_degree})")
         if tokens.ndim != 1 or len(tokens) < seq_len + 1:
-            raise ValueError(
+            raise ConfigError(
                 f"the dataset has {len(tokens)} tokens, fewer than one sample needs (seq_len + 1 = {seq_len + 1}): "
                 "lower training.seq_len or use more data"
             )
@@ -339,7 +340,9 @@ class PackedDataLoader:
         changed = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
         if changed or "global_position" not in state:
             detail = ", ".join(f"{k}: saved {old} now {new}" for k, (old, new) in changed.items()) or "no position"
-            raise ValueError(f"data loader state does not match this dataset/config ({detail}); the order would differ")
+            raise ConfigError(
+                f"data loader state does not match this dataset/config ({detail}); the order would differ"
+            )
         self.global_position = int(state["global_position"])
 
 

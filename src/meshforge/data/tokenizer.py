@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as RustTokenizer
 
+from meshforge.errors import ConfigError
 from meshforge.paths import REPO_ROOT
 
 BOS_TOKEN, EOS_TOKEN = "<|begin_of_text|>", "<|end_of_text|>"
@@ -76,7 +77,7 @@ class HFTokenizer(Tokenizer):
             bos_id, eos_id = self._tok.token_to_id(bos), self._tok.token_to_id(eos)
             if bos_id is not None and eos_id is not None:
                 return int(bos_id), int(eos_id)
-        raise ValueError(f"tokenizer {source!r} has no {BOS_TOKEN}/{EOS_TOKEN} (nor <s>/</s>) tokens; {FIX_HINT}")
+        raise ConfigError(f"tokenizer {source!r} has no {BOS_TOKEN}/{EOS_TOKEN} (nor <s>/</s>) tokens; {FIX_HINT}")
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text, no special tokens added."""
@@ -150,7 +151,7 @@ def resolve_path(path: str) -> Path:
     if not candidate.is_absolute() and (REPO_ROOT / candidate).is_file():
         return REPO_ROOT / candidate
     looked = str(candidate) if candidate.is_absolute() else f"{Path.cwd()} and {REPO_ROOT}"
-    raise ValueError(f"tokenizer file {path!r} not found (looked in {looked}); {FIX_HINT}")
+    raise ConfigError(f"tokenizer file {path!r} not found (looked in {looked}); {FIX_HINT}")
 
 
 def read_tiktoken_ranks(data: bytes, path: Path) -> dict[bytes, int]:
@@ -163,12 +164,12 @@ def read_tiktoken_ranks(data: bytes, path: Path) -> dict[bytes, int]:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
         except (ValueError, binascii.Error):
-            raise ValueError(
+            raise ConfigError(
                 f"tokenizer file {str(path)!r} is neither a tokenizer.json nor a tiktoken BPE file "
                 f"(line {number}: {line[:40]!r}); {FIX_HINT}"
             ) from None
     if not ranks or sorted(ranks.values()) != list(range(len(ranks))):
-        raise ValueError(f"tokenizer file {str(path)!r} has no tokens or non-contiguous ranks; {FIX_HINT}")
+        raise ConfigError(f"tokenizer file {str(path)!r} has no tokens or non-contiguous ranks; {FIX_HINT}")
     return ranks
 
 
@@ -178,7 +179,7 @@ def _load_json(path: Path, data: bytes) -> Tokenizer:
         tokenizer = RustTokenizer.from_str(data.decode("utf-8"))
     except Exception as error:  # json, UTF-8 or the library's own parse errors
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ValueError(
+        raise ConfigError(
             f"tokenizer file {str(path)!r} is not a valid tokenizer.json ({message}); {FIX_HINT}"
         ) from None
     return HFTokenizer(tokenizer, str(path))
@@ -189,7 +190,7 @@ def _load_hub(repo_id: str) -> Tokenizer:
         tokenizer = RustTokenizer.from_pretrained(repo_id)
     except Exception as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise ValueError(f"tokenizer 'hf:{repo_id}' could not be fetched ({message}); {FIX_HINT}") from None
+        raise ConfigError(f"tokenizer 'hf:{repo_id}' could not be fetched ({message}); {FIX_HINT}") from None
     return HFTokenizer(tokenizer, f"hf:{repo_id}")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from meshforge.errors import ConfigError
+
 if TYPE_CHECKING:
     from meshforge.config.schema import JobConfig
 
@@ -64,7 +66,7 @@ FLAVORS: dict[str, ModelArgs] = {
 def get_flavor(name: str) -> ModelArgs:
     """The ModelArgs of a named flavor; ValueError naming the choices otherwise."""
     if name not in FLAVORS:
-        raise ValueError(f"model.flavor = {name!r} is unknown; choose one of {', '.join(FLAVORS)}")
+        raise ConfigError(f"model.flavor = {name!r} is unknown; choose one of {', '.join(FLAVORS)}")
     return FLAVORS[name]
 
 
@@ -118,7 +120,7 @@ def model_args_for(cfg: JobConfig, vocab_size: int) -> ModelArgs:
     """The shapes a run builds: its flavor at its sequence length, checked against the tokenizer's vocabulary."""
     args = get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len)
     if vocab_size > args.vocab_size:
-        raise ValueError(
+        raise ConfigError(
             f"the tokenizer {cfg.model.tokenizer_path} has {vocab_size} tokens but model.flavor = {cfg.model.flavor} "
             f"has vocab {args.vocab_size}; use a matching tokenizer or flavor"
         )

@@ -39,8 +39,21 @@ RECENT_COLLECTIVES = 24
 POLL_SECONDS = 1.0  # one store check per rank per second while training
 PEER_GRACE_SECONDS = 20.0
 STACK_FRAMES = 40  # innermost frames per thread
-# gloo's words for a collective that timed out or lost its peer (it raises a plain RuntimeError)
-FAILURE_MARKERS = ("Timed out", "timed out", "Connection closed by peer", "pair closure", "Connection reset", "NCCL")
+# the words of a collective that timed out, lost its peer or was aborted: gloo raises a plain RuntimeError; NCCL's
+# watchdog reports "Watchdog caught collective operation timeout" / "ran for N milliseconds before timing out", an
+# aborted communicator ("NCCL communicator was aborted"), a peer that died (ncclRemoteError). Any other error that
+# merely mentions NCCL (invalid usage, a CUDA fault) is a bug and keeps its traceback.
+FAILURE_MARKERS = (
+    "Timed out",
+    "timed out",
+    "Connection closed by peer",
+    "pair closure",
+    "Connection reset",
+    "collective operation timeout",
+    "before timing out",
+    "communicator was aborted",
+    "ncclRemoteError",
+)
 
 
 def enable_flight_recorder(dump_folder: str) -> None:
@@ -55,7 +68,8 @@ def enable_flight_recorder(dump_folder: str) -> None:
 
 
 def is_collective_failure(exc: BaseException | None) -> bool:
-    if isinstance(exc, dist.DistError):
+    """A collective that timed out or lost a peer (a hang to diagnose), not any error a backend raised."""
+    if isinstance(exc, dist.DistNetworkError | dist.DistStoreError):
         return True
     return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in FAILURE_MARKERS)
 

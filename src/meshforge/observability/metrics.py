@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from meshforge.device.collectives import collective_tensor
+from meshforge.errors import ConfigError
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -217,7 +218,7 @@ def logging_ranks(spec: str, world_size: int) -> set[int]:
     for part in spec.split(","):
         lo, _, hi = part.partition("-")
         if not lo.strip().isdigit() or (hi and not hi.strip().isdigit()):
-            raise ValueError(f"job.log_rank = {spec!r} must look like 0, 0,3, 0-3 or all")
+            raise ConfigError(f"job.log_rank = {spec!r} must look like 0, 0,3, 0-3 or all")
         ranks.update(range(int(lo), int(hi or lo) + 1))
     return ranks
 
@@ -231,7 +232,7 @@ def start_wandb(dump_folder: str) -> Any:
     try:
         import wandb
     except ImportError:
-        raise ValueError(
+        raise ConfigError(
             "metrics.enable_wandb = true needs the wandb package: pip install wandb (and wandb login)"
         ) from None
     project = os.environ.get("WANDB_PROJECT", "meshforge")

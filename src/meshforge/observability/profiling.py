@@ -32,6 +32,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from meshforge.config.schema import Profiling
+from meshforge.errors import ConfigError
 
 MAX_MEMORY_EVENTS = 100_000
 
@@ -39,7 +40,7 @@ MAX_MEMORY_EVENTS = 100_000
 def check_window(cfg: Profiling) -> None:
     """The warm-up and active steps must fit in one period."""
     if cfg.profiler_warmup + cfg.profiler_active > cfg.profile_freq:
-        raise ValueError(
+        raise ConfigError(
             f"profiling.profiler_warmup ({cfg.profiler_warmup}) + profiling.profiler_active ({cfg.profiler_active}) "
             f"must be <= profiling.profile_freq ({cfg.profile_freq}); lower them or raise profile_freq"
         )

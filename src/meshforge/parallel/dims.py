@@ -13,6 +13,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from meshforge.config.schema import Float8, Parallelism
+from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs
 
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -38,11 +39,11 @@ class ParallelDims:
         """Resolve data_parallel_shard_degree = -1 and check that the degrees multiply to the world size."""
         for key in ("data_parallel_replicate_degree", "context_parallel_degree", "tensor_parallel_degree"):
             if getattr(cfg, key) < 1:
-                raise ValueError(f"parallelism.{key} = {getattr(cfg, key)} must be >= 1 (1 disables it)")
+                raise ConfigError(f"parallelism.{key} = {getattr(cfg, key)} must be >= 1 (1 disables it)")
         if cfg.pipeline_parallel_degree < 1:
-            raise ValueError(f"parallelism.pipeline_parallel_degree = {cfg.pipeline_parallel_degree} must be >= 1")
+            raise ConfigError(f"parallelism.pipeline_parallel_degree = {cfg.pipeline_parallel_degree} must be >= 1")
         if cfg.data_parallel_shard_degree < 1 and cfg.data_parallel_shard_degree != -1:
-            raise ValueError(
+            raise ConfigError(
                 f"parallelism.data_parallel_shard_degree = {cfg.data_parallel_shard_degree} must be >= 1 or -1 "
                 "(the rest of the world size)"
             )
@@ -51,7 +52,7 @@ class ParallelDims:
         shard = cfg.data_parallel_shard_degree
         if shard == -1:
             if world_size % others:
-                raise ValueError(
+                raise ConfigError(
                     f"the world size {world_size} is not divisible by data_parallel_replicate x context x tensor x "
                     f"pipeline degrees = {others}; change the degrees or the number of processes"
                 )
@@ -64,7 +65,7 @@ class ParallelDims:
             cfg.tensor_parallel_degree,
         )
         if dims.world_size != world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"parallel degrees pp {dims.pp} x dp_replicate {dims.dp_replicate} x dp_shard {dims.dp_shard} x cp "
                 f"{dims.cp} x tp {dims.tp} = {dims.world_size} but the world size is {world_size}; make the product "
                 "equal the number of processes (data_parallel_shard_degree = -1 fills in the rest)"
@@ -117,17 +118,17 @@ class ParallelDims:
                 ("dim", args.dim),
             ):
                 if size % self.tp:
-                    raise ValueError(
+                    raise ConfigError(
                         f"parallelism.tensor_parallel_degree = {self.tp} does not divide the model's {key} ({size}); "
                         f"choose a tensor-parallel degree that divides it"
                     )
         if self.cp > 1 and seq_len % (2 * self.cp):
-            raise ValueError(
+            raise ConfigError(
                 f"training.seq_len = {seq_len} must be divisible by 2 x context_parallel_degree = {2 * self.cp} "
                 "(load balancing splits each sequence into 2 x cp chunks)"
             )
         if self.tp > 1 and seq_len % (self.cp * self.tp):
-            raise ValueError(
+            raise ConfigError(
                 f"training.seq_len = {seq_len} must be divisible by context_parallel_degree x tensor_parallel_degree "
                 f"= {self.cp * self.tp} (sequence parallel splits each rank's slice of the sequence)"
             )
@@ -143,13 +144,13 @@ class ParallelDims:
         if parallelism.enable_async_tensor_parallel:
             fix = "set parallelism.enable_async_tensor_parallel = false"
             if self.tp == 1:
-                raise ValueError(f"async tensor parallel needs parallelism.tensor_parallel_degree > 1; {fix}")
+                raise ConfigError(f"async tensor parallel needs parallelism.tensor_parallel_degree > 1; {fix}")
             if device.type != "cuda":
-                raise ValueError(
+                raise ConfigError(
                     f"async tensor parallel needs CUDA symmetric memory, the device is {device.type}; {fix}"
                 )
             if not compile_enabled:
-                raise ValueError(
+                raise ConfigError(
                     f"async tensor parallel needs compile.enable = true (inductor does the overlap); {fix}"
                 )
         if self.cp > 1:

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from meshforge.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -24,7 +26,7 @@ class DistContext:
 def pick_device(requested: str, local_rank: int) -> torch.device:
     """cuda when available (or asked for), else cpu."""
     if requested == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise ConfigError(
             "training.device = 'cuda' but no CUDA device is visible; use training.device = 'cpu' or 'auto'"
         )
     if requested in ("auto", "cuda") and torch.cuda.is_available():

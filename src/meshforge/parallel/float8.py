@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from meshforge.config.schema import Float8
+from meshforge.errors import ConfigError
 
 MIN_CAPABILITY = (8, 9)
 
@@ -33,7 +34,7 @@ def check_float8_support(cfg: Float8, device: torch.device) -> None:
 
 def check_capability(capability: tuple[int, int], name: str) -> None:
     if capability < MIN_CAPABILITY:
-        raise ValueError(
+        raise ConfigError(
             f"quantize.dense.float8.enable = true needs CUDA compute capability >= 8.9 but {name} has "
             f"{capability[0]}.{capability[1]}; set it to false (or quantize.dense.float8.emulate = true for tests)"
         )
@@ -62,7 +63,7 @@ def apply_float8(model: nn.Module, cfg: Float8, *, fsdp: bool) -> list[str]:
     convert_to_float8_training(model, module_filter_fn=float8_filter(cfg.filter_fqns), config=config)  # type: ignore[arg-type]
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
     if not converted:
-        raise ValueError(
+        raise ConfigError(
             "quantize.dense.float8.enable = true but no linear layer qualifies (all are filtered by "
             f"quantize.dense.float8.filter_fqns = {cfg.filter_fqns} or have dimensions not divisible by 16)"
         )

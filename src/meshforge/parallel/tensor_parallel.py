@@ -31,6 +31,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
+from meshforge.errors import ConfigError
+
 
 def apply_tp(
     model: nn.Module,
@@ -48,7 +50,7 @@ def apply_tp(
     skipped.
     """
     if async_tp and tp_mesh.device_type != "cuda":
-        raise ValueError(
+        raise ConfigError(
             "parallelism.enable_async_tensor_parallel = true needs CUDA symmetric memory, but the device is "
             f"{tp_mesh.device_type}; set it to false"
         )

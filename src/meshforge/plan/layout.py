@@ -261,12 +261,9 @@ def check_pipeline(layout: Layout, args: ModelArgs) -> None:
 def stage_layer_counts(n_layers: int, layout: Layout) -> list[int]:
     """Transformer blocks per stage, as training splits them (parallel.pipeline.split.split_evenly: the embedding and
     the output count as first/last_stage_less_layers blocks, the total is split evenly)."""
-    try:
-        stages = split.split_evenly(
-            n_layers, layout.num_stages, layout.first_stage_less_layers, layout.last_stage_less_layers
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    stages = split.split_evenly(  # ConfigError when the layers do not split
+        n_layers, layout.num_stages, layout.first_stage_less_layers, layout.last_stage_less_layers
+    )
     return [sum(name.startswith("layers.") for name in names) for names in stages]
 
 

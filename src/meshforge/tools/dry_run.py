@@ -40,6 +40,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement, Shard, _StridedShard
 
 from meshforge.config.schema import JobConfig, Parallelism
+from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs, get_flavor, param_counts
 from meshforge.model.llama import build_model, canonical_name
 from meshforge.observability.metrics import logging_ranks
@@ -83,7 +84,7 @@ class DryRun:
 def fake_world(world_size: int) -> Iterator[None]:
     """A fake process group of ``world_size`` ranks, as rank 0, for the duration (destroyed after)."""
     if dist.is_initialized():
-        raise ValueError("--dry-run must run outside a distributed job (a process group exists); run it alone")
+        raise ConfigError("--dry-run must run outside a distributed job (a process group exists); run it alone")
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
@@ -108,7 +109,7 @@ def model_args(cfg: JobConfig, notes: list[str]) -> ModelArgs:
         return get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len)
     try:
         resolve_path(path)
-    except ValueError:
+    except ConfigError:
         notes.append(f"tokenizer {path} is not on this machine: vocabulary not checked (a real run needs the file)")
         return get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len)
     return model_args_for(cfg, build_tokenizer(path).vocab_size)
@@ -232,7 +233,7 @@ def describe_axes(parts: list[nn.Module], dims: ParallelDims, pipeline: str) -> 
 def plan(cfg: JobConfig, world_size: int) -> DryRun:
     """Validate ``cfg`` for ``world_size`` ranks and measure every pipeline rank's share (ValueError if invalid)."""
     if world_size < 1:
-        raise ValueError(f"--world-size {world_size}: give the number of ranks of the job, e.g. --world-size 512")
+        raise ConfigError(f"--world-size {world_size}: give the number of ranks of the job, e.g. --world-size 512")
     notes: list[str] = []
     target = target_device(cfg.training.device)
     check_window(cfg.profiling)
@@ -292,7 +293,7 @@ def dry_run(cfg: JobConfig, world_size: int) -> int:
     """Print the layout and per-rank memory of ``cfg`` on ``world_size`` ranks; 0 if valid, 2 with one line if not."""
     try:
         report = plan(cfg, world_size)
-    except ValueError as exc:
+    except ConfigError as exc:
         print(f"meshforge train --dry-run: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(report))

@@ -64,11 +64,8 @@ def check_layout(cfg: JobConfig, world_size: int) -> None:
     from meshforge.model.flavors import get_flavor
     from meshforge.parallel.dims import ParallelDims
 
-    try:
-        dims = ParallelDims.from_config(cfg.parallelism, world_size)
-        dims.validate_model(get_flavor(cfg.model.flavor), cfg.training.seq_len)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    dims = ParallelDims.from_config(cfg.parallelism, world_size)  # ConfigError when they do not fit
+    dims.validate_model(get_flavor(cfg.model.flavor), cfg.training.seq_len)
 
 
 def run(cfg: JobConfig) -> int:
@@ -78,7 +75,7 @@ def run(cfg: JobConfig) -> int:
 
     try:
         train(cfg)
-    except ValueError as exc:  # raised the same way on every rank (config vs world/model)
+    except ConfigError as exc:  # a user mistake, raised the same way on every rank (config vs world/model)
         print(f"meshforge train: error: {exc}", file=sys.stderr, flush=True)
         finish(ok=False, code=2)
         return 2

@@ -26,6 +26,7 @@ from torch.distributed.pipelining import (
 from torch.distributed.pipelining.schedules import _PipelineSchedule, _PipelineScheduleRuntime
 from torch.distributed.pipelining.stage import PipelineStage
 
+from meshforge.errors import ConfigError
 from meshforge.parallel.pipeline.bubble import Action, simulate_idle_shares
 from meshforge.parallel.pipeline.catalog import SCHEDULE_STYLES, SCHEDULES, Style, canonical_schedule
 
@@ -68,7 +69,7 @@ def resolve_schedule_name(name: str) -> str:
     """Canonical schedule name; case-insensitive, accepts torch class names (Schedule1F1B) and interleave_1f1b."""
     canonical = canonical_schedule(name)
     if canonical is None:
-        raise ValueError(
+        raise ConfigError(
             f"parallelism.pipeline_parallel_schedule = {name!r} is unknown; choose one of {', '.join(SCHEDULES)} "
             "(case-insensitive; interleave_1f1b and torch class names such as ScheduleGPipe work too)"
         )
@@ -88,7 +89,7 @@ def schedule_spec(name: str, csv_path: str, pp: int) -> ScheduleSpec:
 def num_microbatches(local_batch_size: int, microbatch_size: int) -> int:
     """Microbatches per step; the local batch must divide evenly."""
     if local_batch_size % microbatch_size:
-        raise ValueError(
+        raise ConfigError(
             f"training.local_batch_size = {local_batch_size} is not divisible by "
             f"parallelism.pipeline_parallel_microbatch_size = {microbatch_size}; make the batch a multiple of it"
         )
@@ -101,20 +102,20 @@ def check_microbatches(spec: ScheduleSpec, n_microbatches: int, pp: int, num_sta
     have = f"{n_microbatches} microbatches (local batch / microbatch size)"
     if spec.csv is not None:
         if spec.csv.n_microbatches != n_microbatches:
-            raise ValueError(
+            raise ConfigError(
                 f"parallelism.pipeline_parallel_schedule_csv = {spec.csv.path} schedules {spec.csv.n_microbatches} "
                 f"microbatches but the step has {have}; make them equal"
             )
         return
     if spec.name in ("1F1B", "DualPipeV") and n_microbatches < num_stages:
-        raise ValueError(
+        raise ConfigError(
             f"pipeline schedule {spec.name} needs at least {num_stages} microbatches (one per stage) "
             f"but has {have}; {fix}"
         )
     if spec.name in ("Interleaved1F1B", "InterleavedZeroBubble"):
         rounds = max(1, n_microbatches // pp)
         if n_microbatches % rounds:
-            raise ValueError(
+            raise ConfigError(
                 f"pipeline schedule {spec.name} needs the microbatch count to be a multiple of its rounds "
                 f"max(1, microbatches // pp) = {rounds} but has {have}; use a multiple of pp = {pp}"
             )
@@ -124,12 +125,12 @@ def read_csv_schedule(path: str, pp: int) -> CsvSchedule:
     """Parse and check a CSV schedule; every error names the file and the line."""
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"parallelism.pipeline_parallel_schedule_csv = {path}: no such file; give a CSV schedule")
+        raise ConfigError(f"parallelism.pipeline_parallel_schedule_csv = {path}: no such file; give a CSV schedule")
     lines = file.read_text().splitlines()
     while lines and not lines[-1].strip():
         lines.pop()
     if len(lines) != pp:
-        raise ValueError(
+        raise ConfigError(
             f"{path}: {len(lines)} lines but pipeline_parallel_degree = {pp}; write one line of actions per rank"
         )
     actions: dict[int, list[Action | None]] = {}
@@ -138,10 +139,10 @@ def read_csv_schedule(path: str, pp: int) -> CsvSchedule:
         actions[rank] = [_parse_cell(path, rank, col, cell, stage_rank) for col, cell in enumerate(line.split(","))]
     num_stages = len(stage_rank)
     if sorted(stage_rank) != list(range(num_stages)):
-        raise ValueError(f"{path}: stages {sorted(stage_rank)} are not numbered 0 .. n-1; renumber them")
+        raise ConfigError(f"{path}: stages {sorted(stage_rank)} are not numbered 0 .. n-1; renumber them")
     empty = [r for r in range(pp) if r not in stage_rank.values()]
     if empty:
-        raise ValueError(f"{path}: line {empty[0] + 1} (rank {empty[0]}) runs no stage; give every rank a stage")
+        raise ConfigError(f"{path}: line {empty[0] + 1} (rank {empty[0]}) runs no stage; give every rank a stage")
     n_microbatches = _check_actions(path, actions, num_stages)
     simulate_idle_shares(actions, num_stages)  # raises on a deadlock
     split = any(a is not None and a[1] in "IW" for row in actions.values() for a in row)
@@ -155,11 +156,11 @@ def _parse_cell(path: str, rank: int, col: int, cell: str, stage_rank: dict[int,
     match = _ACTION.match(text)
     where = f"{path} line {rank + 1}, column {col + 1}"
     if match is None:
-        raise ValueError(f"{where}: {text!r} is not a compute action like 0F0, 1B2, 0I1 or 0W1; fix the cell")
+        raise ConfigError(f"{where}: {text!r} is not a compute action like 0F0, 1B2, 0I1 or 0W1; fix the cell")
     stage, kind, mb = int(match[1]), match[2], int(match[3])
     owner = stage_rank.setdefault(stage, rank)
     if owner != rank:
-        raise ValueError(f"{where}: stage {stage} already runs on line {owner + 1}; a stage belongs to one rank")
+        raise ConfigError(f"{where}: stage {stage} already runs on line {owner + 1}; a stage belongs to one rank")
     return stage, kind, mb
 
 
@@ -174,18 +175,18 @@ def _check_actions(path: str, actions: dict[int, list[Action | None]], num_stage
             stage, kind, mb = action
             where = f"{path} line {rank + 1}, column {col + 1} ({stage}{kind}{mb})"
             if mb in seen[(stage, kind)]:
-                raise ValueError(f"{where}: runs twice; each action happens once per microbatch")
+                raise ConfigError(f"{where}: runs twice; each action happens once per microbatch")
             if kind in need and mb not in seen[(stage, need[kind])]:
-                raise ValueError(f"{where}: comes before {stage}{need[kind]}{mb} on its line; move it after")
+                raise ConfigError(f"{where}: comes before {stage}{need[kind]}{mb} on its line; move it after")
             if kind in "BI" and mb in seen[(stage, "I" if kind == "B" else "B")]:
-                raise ValueError(f"{where}: microbatch {mb} has both B and I; use B, or I then W")
+                raise ConfigError(f"{where}: microbatch {mb} has both B and I; use B, or I then W")
             seen[(stage, kind)].add(mb)
     n_microbatches = len(seen[(0, "F")])
     for stage in range(num_stages):
         forwards, backwards = seen[(stage, "F")], seen[(stage, "B")] | seen[(stage, "W")]
         if forwards != set(range(n_microbatches)) or backwards != forwards or seen[(stage, "I")] != seen[(stage, "W")]:
             line = next(r for r, row in actions.items() if any(a and a[0] == stage for a in row)) + 1
-            raise ValueError(
+            raise ConfigError(
                 f"{path} line {line}: stage {stage} must run F and then B (or I and W) for each of microbatches "
                 f"0 .. {n_microbatches - 1} exactly once (F {sorted(forwards)}, backward {sorted(backwards)})"
             )

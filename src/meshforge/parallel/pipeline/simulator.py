@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from meshforge.errors import ConfigError
 from meshforge.parallel.pipeline.catalog import SPLIT_BACKWARD, V_SHAPED, stages_of_rank
 
 
@@ -311,7 +312,7 @@ def compile_orders(orders: Sequence[Sequence[Action]], stages: int) -> _Plan:
                 moved = True
     for rank, order in enumerate(orders):
         if position[rank] < len(order):
-            raise ValueError(
+            raise ConfigError(
                 f"the pipeline schedule deadlocks: rank {rank}'s action {position[rank] + 1} "
                 f"({spell(order[position[rank]])}) waits for work that never happens; reorder the actions"
             )
@@ -326,11 +327,11 @@ def _check_order(rank: int, order: Sequence[Action], stages: int) -> None:
         kind, s, j = action
         where = f"rank {rank}'s action {position} ({spell(action)})"
         if not 0 <= s < stages:
-            raise ValueError(f"{where} names a stage outside 0 .. {stages - 1}; renumber it")
+            raise ConfigError(f"{where} names a stage outside 0 .. {stages - 1}; renumber it")
         if action in seen or (kind == INPUT and (s, j) in full) or (kind == BACKWARD and (INPUT, s, j) in seen):
-            raise ValueError(f"{where} repeats a pass already listed; list each pass once")
+            raise ConfigError(f"{where} repeats a pass already listed; list each pass once")
         if kind == WEIGHT and (s, j) in full:
-            raise ValueError(f"{where} follows a full backward, which already made the weight gradients; use I and W")
+            raise ConfigError(f"{where} follows a full backward, which already made the weight gradients; use I and W")
         seen.add(action)
 
 

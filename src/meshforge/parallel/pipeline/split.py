@@ -16,6 +16,7 @@ import math
 from typing import TYPE_CHECKING, TypeVar
 
 from meshforge.config.schema import Parallelism
+from meshforge.errors import ConfigError
 from meshforge.parallel.pipeline.catalog import Style
 
 if TYPE_CHECKING:
@@ -49,13 +50,13 @@ def num_stages_for(cfg: Parallelism, n_layers: int, pp: int, style: Style) -> in
 def check_stages_per_rank(num_stages: int, pp: int, style: Style, source: str) -> None:
     """Single-stage schedules need exactly 1 stage per rank, V-shaped ones exactly 2, looped ones at least 2."""
     if num_stages % pp:
-        raise ValueError(
+        raise ConfigError(
             f"{source}, not a multiple of pipeline_parallel_degree = {pp}; change it so every rank gets as many stages"
         )
     per_rank = num_stages // pp
     need = {"single": "exactly 1", "v": "exactly 2", "loop": "at least 2"}[style]
     if (style == "single" and per_rank != 1) or (style == "v" and per_rank != 2) or (style == "loop" and per_rank < 2):
-        raise ValueError(
+        raise ConfigError(
             f"{source} = {per_rank} per rank, but this schedule needs {need} stage(s) per rank; change "
             "pipeline_parallel_layers_per_stage / module_fqns_per_model_part or the schedule"
         )
@@ -67,13 +68,13 @@ def split_evenly(n_layers: int, num_stages: int, first_less: int, last_less: int
         return [module_order(n_layers)]
     effective = n_layers + first_less + last_less
     if num_stages > effective:
-        raise ValueError(
+        raise ConfigError(
             f"the pipeline needs {num_stages} stages but the model has only {n_layers} layers (+ {first_less} + "
             f"{last_less} for embedding and output); lower pipeline_parallel_degree or use fewer stages per rank"
         )
     base, extra = divmod(effective, num_stages)
     if first_less > base or last_less > base:
-        raise ValueError(
+        raise ConfigError(
             f"pipeline_parallel_first/last_stage_less_layers = {first_less}/{last_less} exceed the {base} blocks per "
             f"stage of {num_stages} stages over {n_layers} layers; lower them or use fewer stages"
         )
@@ -100,10 +101,10 @@ def validate_stage_modules(stages: list[list[str]], n_layers: int) -> None:
     flat: list[str] = []
     for index, names in enumerate(stages):
         if not names:
-            raise ValueError(f"parallelism.module_fqns_per_model_part: stage {index} is empty; give it a module")
+            raise ConfigError(f"parallelism.module_fqns_per_model_part: stage {index} is empty; give it a module")
         unknown = [n for n in names if n not in position]
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"parallelism.module_fqns_per_model_part: stage {index} names {unknown!r}, which the model does not "
                 f"have; use tok_embeddings, layers.0 .. layers.{n_layers - 1}, norm, output"
             )
@@ -111,7 +112,7 @@ def validate_stage_modules(stages: list[list[str]], n_layers: int) -> None:
     if flat != order:
         missing = sorted(set(order) - set(flat), key=position.__getitem__)
         twice = sorted({n for n in flat if flat.count(n) > 1}, key=position.__getitem__)
-        raise ValueError(
+        raise ConfigError(
             f"parallelism.module_fqns_per_model_part must list every module once, stage after stage in forward order "
             f"(missing {missing}, repeated {twice}); fix the lists"
         )
@@ -124,7 +125,7 @@ def stage_modules(cfg: Parallelism, n_layers: int, num_stages: int) -> list[list
     else:
         first, last = cfg.pipeline_parallel_first_stage_less_layers, cfg.pipeline_parallel_last_stage_less_layers
         if first < 0 or last < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"pipeline_parallel_first/last_stage_less_layers = {first}/{last} must be >= 0; set them to 0 or more"
             )
         stages = split_evenly(n_layers, num_stages, first, last)

@@ -23,6 +23,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _Pipel
 from torch.distributed.tensor import DTensor
 
 from meshforge.config.schema import Parallelism, Training
+from meshforge.errors import ConfigError
 from meshforge.model.llama import Transformer
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.pipeline.bubble import (
@@ -137,12 +138,12 @@ def check_compatibility(spec: ScheduleSpec, cfg: Parallelism, dims: ParallelDims
         # sharded DTensor parameters back onto the modules after forward, and those are not the unsharded tensors
         # the forward graph used: no gradient path is found, the W action computes nothing for them, and their
         # gradients stay None (see docs/pipeline.md, "FSDP resharding and zero-bubble schedules").
-        raise ValueError(
+        raise ConfigError(
             f"parallelism.fsdp_reshard_after_forward = 'always' with the {spec.name} schedule gives wrong gradients "
             "(its split input/weight backward loses the weights FSDP resharded); use 'default' or 'never'"
         )
     if compile_enabled:
-        raise ValueError(
+        raise ConfigError(
             f"compile.enable = true with the {spec.name} schedule: torch cannot split the backward of compiled "
             "blocks into input and weight gradients; disable compile or use 1F1B / Interleaved1F1B"
         )
@@ -159,7 +160,7 @@ def plan_stages(spec: ScheduleSpec, cfg: Parallelism, n_layers: int, pp: int) ->
     if cfg.module_fqns_per_model_part or cfg.pipeline_parallel_layers_per_stage > 0:
         split_stages = num_stages_for(cfg, n_layers, pp, style)
         if split_stages != num_stages:
-            raise ValueError(
+            raise ConfigError(
                 f"{spec.csv.path} runs {num_stages} stages but the stage split gives {split_stages}; make them agree"
             )
     return stage_modules(cfg, n_layers, num_stages), spec.csv.stage_rank
