@@ -102,6 +102,10 @@ class Checkpointer:
             self.stager = DefaultStager(StagingOptions(pinned, False, False, pinned))
             self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshforge-checkpoint")
         self.pending: Future[None] | None = None
+        # rank 0 deletes old checkpoints in its own thread: removing terabytes can outlast the collective timeout
+        # the other ranks are already waiting under; nothing waits for it but close()
+        self.pruner: ThreadPoolExecutor | None = None
+        self.pruning: Future[None] | None = None
 
     def _validate(self) -> None:
         cfg = self.cfg
@@ -148,10 +152,24 @@ class Checkpointer:
         start = time.perf_counter()
         final = store.write_checkpoint(state_dict, self.folder, step, meta, self.group)
         if self.rank == 0:
-            pruned = store.prune(self.folder, self.cfg.keep_latest_k)
             size = sum(f.stat().st_size for f in final.iterdir()) / 2**20
-            extra = f", removed step {', '.join(map(str, pruned))}" if pruned else ""
-            self._say(f"saved {final} ({size:.1f} MiB, {time.perf_counter() - start:.2f}s){extra}")
+            self._say(f"saved {final} ({size:.1f} MiB, {time.perf_counter() - start:.2f}s)")
+            self._prune_in_background()
+
+    def _prune_in_background(self) -> None:
+        """Rank 0: delete all but the newest ``keep_latest_k`` checkpoints off the training's critical path (one
+        deletion at a time, in order; the last one finishes in ``close``)."""
+        if self.cfg.keep_latest_k <= 0:
+            return
+        if self.pruner is None:
+            self.pruner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshforge-checkpoint-prune")
+
+        def prune() -> None:
+            pruned = store.prune(self.folder, self.cfg.keep_latest_k)
+            if pruned:
+                self._say(f"removed step {', '.join(map(str, pruned))} (keep_latest_k = {self.cfg.keep_latest_k})")
+
+        self.pruning = self.pruner.submit(prune)
 
     def wait(self) -> None:
         """Block until the background save (if any) is committed; re-raises its error."""
@@ -160,8 +178,13 @@ class Checkpointer:
             pending.result()
 
     def close(self) -> None:
-        """Finish the last background save and release the stager and thread."""
+        """Finish the last background save and deletion and release the stager and threads."""
         self.wait()
+        if self.pruner is not None:
+            self.pruner.shutdown()  # waits for the queued deletions
+            self.pruner = None
+            if self.pruning is not None:
+                self.pruning.result()  # re-raises a failed deletion
         if self.executor is not None:
             self.executor.shutdown()
             self.stager.close()

@@ -40,6 +40,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement, Shard, _StridedShard
 
 from meshforge.config.schema import JobConfig, Parallelism
+from meshforge.device.precision import resolve_param_dtype
 from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs, get_flavor, param_counts
 from meshforge.model.llama import build_model, canonical_name
@@ -236,6 +237,11 @@ def plan(cfg: JobConfig, world_size: int) -> DryRun:
         raise ConfigError(f"--world-size {world_size}: give the number of ranks of the job, e.g. --world-size 512")
     notes: list[str] = []
     target = target_device(cfg.training.device)
+    dtype, why = resolve_param_dtype(cfg.training.mixed_precision_param, torch.device(target))
+    if cfg.training.mixed_precision_param == "auto":
+        notes.append(f"training.mixed_precision_param = auto: {dtype} on the {target} target ({why})")
+        training = dataclasses.replace(cfg.training, mixed_precision_param=dtype)  # type: ignore[arg-type]
+        cfg = dataclasses.replace(cfg, training=training)
     check_window(cfg.profiling)
     logging_ranks(cfg.job.log_rank, world_size)
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
