@@ -7,7 +7,10 @@ matmuls run in ``torch._scaled_mm``. On CUDA this needs compute capability >= 8.
 (default: the output projection) or whose dimensions are not multiples of 16 stay in high precision.
 
 With tensorwise scaling under FSDP, ``enable_fsdp_float8_all_gather`` all-gathers the weights in Float8 (half the
-bytes of bf16); the scales are then computed per parameter at each all-gather (no separate precompute step).
+bytes of bf16). Each weight's scale needs the amax of the whole (sharded) weight: without a precomputed scale torchao
+all-reduces one amax per weight at every all-gather, so after each optimizer step the training loop calls
+:func:`precompute_float8_scales` (torchao's ``precompute_float8_dynamic_scale_for_fsdp``: one fused norm, one
+all-reduce for all weights), as TorchTitan does.
 MFU is not reported for Float8 runs (the peak FLOP/s would be that of Float8, not of the dtype of the rest).
 """
 
@@ -52,13 +55,27 @@ def float8_filter(filter_fqns: list[str]) -> object:
     return keep
 
 
+def fsdp_float8_all_gather(cfg: Float8, *, fsdp: bool) -> bool:
+    """Whether FSDP all-gathers the Float8 weights (tensorwise recipe under FSDP with the option on)."""
+    return cfg.enable and fsdp and cfg.enable_fsdp_float8_all_gather and cfg.recipe_name == "tensorwise"
+
+
+def precompute_float8_scales(model_parts: list[nn.Module]) -> None:
+    """After an optimizer step: the next all-gathers' Float8 scales of every FSDP-sharded Float8 weight, in one
+    all-reduce per model part (collective over the FSDP ranks)."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    for part in model_parts:
+        precompute_float8_dynamic_scale_for_fsdp(part)
+
+
 def apply_float8(model: nn.Module, cfg: Float8, *, fsdp: bool) -> list[str]:
     """Convert the eligible linear layers of ``model`` in place; returns the names of the converted layers."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
     config = Float8LinearConfig.from_recipe_name(cfg.recipe_name)
-    float8_all_gather = fsdp and cfg.enable_fsdp_float8_all_gather and cfg.recipe_name == "tensorwise"
+    float8_all_gather = fsdp_float8_all_gather(cfg, fsdp=fsdp)
     config = dataclasses.replace(config, emulate=cfg.emulate, enable_fsdp_float8_all_gather=float8_all_gather)
     convert_to_float8_training(model, module_filter_fn=float8_filter(cfg.filter_fqns), config=config)  # type: ignore[arg-type]
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]

@@ -36,6 +36,7 @@ from meshforge.observability.profiling import StepProfiler, check_window, profil
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
+from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales
 from meshforge.parallel.parallelize import parallelize
 from meshforge.parallel.tensor_parallel import loss_parallel_context
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
@@ -222,6 +223,8 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     params = [p for part in state.model_parts for p in part.parameters()]
     grad_norm = clip_grad_norm_(params, state.cfg.training.max_norm, sub_mesh(state.mesh, "pp"))
     state.optimizer.step()
+    if fsdp_float8_all_gather(state.cfg.quantize.dense.float8, fsdp=state.dims.fsdp_enabled):
+        precompute_float8_scales(state.model_parts)  # one all-reduce now instead of one per weight per all-gather
     state.scheduler.step()
     return torch.stack(losses).mean(), grad_norm
 
