@@ -15,6 +15,7 @@ from meshforge.config.io import load_config
 from meshforge.device import collectives, peak
 from meshforge.device.determinism import enable_determinism
 from meshforge.device.precision import resolve_param_dtype
+from meshforge.device.transfer import to_device
 from meshforge.observability.metrics import MetricsLogger
 from meshforge.plan.hardware import auto_param_dtype, cpu_spec, load_hardware
 from meshforge.plan.layout import layout_from_config
@@ -208,3 +209,54 @@ def test_deterministic_cpu_leaves_the_environment_alone(monkeypatch: pytest.Monk
         assert torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     finally:
         torch.use_deterministic_algorithms(saved)
+
+
+def test_host_batches_stay_put_on_cpu() -> None:
+    batch = torch.arange(6).view(2, 3)
+    assert to_device(batch, torch.device("cpu")) is batch
+
+
+class FakeBatch:
+    """Records how a batch is moved (a CUDA copy cannot run on this build)."""
+
+    def __init__(self, calls: list[Any]) -> None:
+        self.calls = calls
+
+    def pin_memory(self) -> FakeBatch:
+        self.calls.append("pin_memory")
+        return self
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> FakeBatch:
+        self.calls.append(("to", device.type, non_blocking))
+        return self
+
+
+def test_cuda_batches_are_pinned_and_copied_without_blocking() -> None:
+    calls: list[Any] = []
+    to_device(FakeBatch(calls), torch.device("cuda", 0))  # type: ignore[arg-type]
+    assert calls == ["pin_memory", ("to", "cuda", True)]
+
+
+def test_cuda_clock_is_read_after_one_synchronise_per_interval(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 2**30)
+    m = MetricsLogger(
+        dump_folder=str(tmp_path),
+        rank=0,
+        console=False,
+        flops_per_token=1e6,
+        peak_flops=None,
+        peak_source="test",
+        non_dp_size=1,
+        device=torch.device("cuda", 0),
+        tensorboard=False,
+    )
+    m.start(0)
+    assert events == ["sync"]  # set-up work is not the first interval's
+    for _ in range(5):  # steps: no synchronisation
+        m.add_tokens(100, 0.01)
+    assert events == ["sync"]
+    record = m.log(5, torch.tensor(1.0), torch.tensor(1.0), 1e-3)
+    assert events == ["sync", "sync"] and record["peak_memory_gib"] == 1.0 and record["mfu_pct"] is None

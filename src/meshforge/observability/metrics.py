@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from meshforge.device.collectives import collective_tensor
+from meshforge.device.transfer import synchronize
 from meshforge.errors import ConfigError
 
 
@@ -113,6 +114,7 @@ class MetricsLogger:
                     line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step
                 ]
             self.path.write_text("".join(line + "\n" for line in kept))
+        synchronize(self.device)  # set-up work still queued on the device is not the first interval's
         self.interval = Interval()
         reset_peak_memory(self.device)
 
@@ -135,6 +137,7 @@ class MetricsLogger:
         self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, extra: dict[str, float] | None = None
     ) -> dict[str, Any]:
         """Reduce over ranks (mean loss over data-parallel ranks is done by the caller; here: max memory), write."""
+        synchronize(self.device)  # the interval's queued device work belongs to it: once per interval
         elapsed = time.perf_counter() - self.interval.start
         memory = peak_memory_gib(self.device)
         if dist.is_initialized():

@@ -27,6 +27,7 @@ from meshforge.device.determinism import enable_determinism
 from meshforge.device.dtypes import DTYPES
 from meshforge.device.peak import device_peak_flops
 from meshforge.device.precision import resolve_param_dtype
+from meshforge.device.transfer import to_device
 from meshforge.model.flavors import ModelArgs, flops_per_token, model_args_for
 from meshforge.model.llama import build_model
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
@@ -216,9 +217,9 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     losses = []
     for _ in range(accum):
         start = time.perf_counter()
-        inputs, labels = state.loader.next_batch()
-        inputs, labels = inputs.to(state.ctx.device), labels.to(state.ctx.device)
+        inputs, labels = state.loader.next_batch()  # host tensors: the time counted as data loading ends here
         state.metrics.add_tokens(inputs.numel(), time.perf_counter() - start)
+        inputs, labels = to_device(inputs, state.ctx.device), to_device(labels, state.ctx.device)
         losses.append(forward_backward(state, inputs, labels, 1.0 / accum))
     params = [p for part in state.model_parts for p in part.parameters()]
     grad_norm = clip_grad_norm_(params, state.cfg.training.max_norm, sub_mesh(state.mesh, "pp"))
