@@ -145,6 +145,11 @@ class ParallelDims:
             fix = "set parallelism.enable_async_tensor_parallel = false"
             if self.tp == 1:
                 raise ConfigError(f"async tensor parallel needs parallelism.tensor_parallel_degree > 1; {fix}")
+            if not parallelism.enable_sequence_parallel:
+                raise ConfigError(
+                    "async tensor parallel needs parallelism.enable_sequence_parallel = true (its all-gather + matmul "
+                    f"and matmul + reduce-scatter patterns exist only under sequence parallel); {fix}"
+                )
             if device.type != "cuda":
                 raise ConfigError(
                     f"async tensor parallel needs CUDA symmetric memory, the device is {device.type}; {fix}"

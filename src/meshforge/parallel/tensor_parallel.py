@@ -15,6 +15,7 @@ Plans are literal dicts, one for the model's root modules and one per transforme
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 import torch
@@ -63,9 +64,21 @@ def apply_tp(
         use_float8 = float8 and _all_linears_float8(block)
         parallelize_module(block, tp_mesh, block_plan(sequence_parallel=sequence_parallel, float8=use_float8))
     if async_tp:
-        # inductor's micro-pipeline pass rewrites all-gather + matmul and matmul + reduce-scatter into overlapped
-        # symmetric-memory kernels in the compiled blocks
-        torch._inductor.config._micro_pipeline_tp = True  # type: ignore[attr-defined]
+        enable_async_tp(tp_mesh)
+
+
+def enable_async_tp(tp_mesh: DeviceMesh) -> None:
+    """Let inductor's micro-pipeline pass rewrite all-gather + matmul and matmul + reduce-scatter of the compiled
+    blocks into overlapped symmetric-memory kernels (``symm_mem.fused_all_gather_matmul`` /
+    ``fused_matmul_reduce_scatter``). The pass skips every group without symmetric memory, and in torch 2.13 only
+    ``enable_symm_mem_for_group`` registers a group (deprecated, yet still the only writer: TorchTitan calls it too).
+    The patterns exist only under sequence parallel, and the kernels only with NCCL (parallel/dims.py checks both)."""
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+    torch._inductor.config._micro_pipeline_tp = True  # type: ignore[attr-defined]
 
 
 def root_plan(*, sequence_parallel: bool, loss_parallel: bool) -> dict[str, ParallelStyle]:
