@@ -98,7 +98,7 @@ def cached_cpu_peak(dtype: torch.dtype, threads: int | None = None) -> float:
     threads = threads or torch.get_num_threads()
     path = peak_cache()
     path.parent.mkdir(parents=True, exist_ok=True)
-    key = f"{cpu_model()}|{dtype_name(dtype)}|{threads}|{PROBE_SIZE}"
+    key = f"{cpu_model()}|{dtype_name(dtype)}|{threads}"  # the probe is always PROBE_SIZE
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         table = json.loads(path.read_text()) if path.is_file() else {}
