@@ -260,3 +260,15 @@ def test_cuda_clock_is_read_after_one_synchronise_per_interval(monkeypatch: pyte
     assert events == ["sync"]
     record = m.log(5, torch.tensor(1.0), torch.tensor(1.0), 1e-3)
     assert events == ["sync", "sync"] and record["peak_memory_gib"] == 1.0 and record["mfu_pct"] is None
+
+
+def test_training_resolves_auto_once_and_keeps_explicit_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meshforge.train.loop import with_param_dtype
+
+    fake_probe(monkeypatch, 90e9, 1e9)
+    cfg, banner = with_param_dtype(load_config(None, []), torch.device("cpu"))
+    assert cfg.training.mixed_precision_param == "float32" and banner.startswith("float32 (auto: the faster")
+    cfg, banner = with_param_dtype(
+        load_config(None, ["--training.mixed_precision_param", "bfloat16"]), torch.device("cpu")
+    )
+    assert cfg.training.mixed_precision_param == "bfloat16" and banner == "bfloat16 (as configured)"

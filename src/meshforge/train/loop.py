@@ -96,9 +96,9 @@ def setup(cfg: JobConfig) -> TrainState:
 
 def with_param_dtype(cfg: JobConfig, device: torch.device) -> tuple[JobConfig, str]:
     """The config with ``training.mixed_precision_param = auto`` resolved for ``device`` (device/precision.py), and
-    a sentence for the banner. Rank 0's choice holds on every rank (each rank's probe could differ)."""
+    a sentence for the banner. On a CPU rank 0's choice holds on every rank (each host's probe could differ)."""
     name, why = resolve_param_dtype(cfg.training.mixed_precision_param, device)
-    if cfg.training.mixed_precision_param == "auto" and dist.is_initialized():
+    if cfg.training.mixed_precision_param == "auto" and device.type == "cpu" and dist.is_initialized():
         chosen = [(name, why)]
         dist.broadcast_object_list(chosen, src=0)
         name, why = chosen[0]
