@@ -4,6 +4,11 @@ Every tensor meshforge hands to a collective is made by :func:`collective_tensor
 :func:`to_collective_device`, so a figure computed on the host (peak memory, idle shares) cannot reach an NCCL group
 as a CPU tensor. The rule comes from torch's own table, ``dist.Backend.backend_capability`` (gloo: cpu and cuda;
 nccl: cuda; xccl: xpu; ...). Host figures prefer the host when the backend takes it (no device round trip).
+
+Where meshforge's collectives are (audited): metrics (peak memory, max), the loss mean (train/loop.py
+``global_mean``), the pipeline grad norm (train/optim.py), the bubble shares (parallel/pipeline/bubble.py) use these
+helpers; the checkpointer's object collectives run on its own gloo group (host objects, which gloo takes); the hang
+guard talks through the rendezvous store only; data loading has no collectives; DTensor / FSDP / DCP place their own.
 """
 
 from __future__ import annotations
