@@ -2,17 +2,18 @@
 
 The global batch (sequences per optimizer step) of the given config is kept: each candidate's local batch is that
 divided by its data-parallel degree. Compile is turned on (it never costs speed in the model), Float8 where the device
-has fp8 tensor cores, async TP where TP > 1 on a GPU; AC mode, pipeline schedule and microbatch size are searched.
+has fp8 tensor cores, async TP only where a measurement confirms the implementation's overlap (TorchTitan's; never
+meshforge's yet); AC mode, pipeline schedule and microbatch size are searched. What is left out is said, with why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs, get_flavor
-from meshforge.plan.estimate import Estimate, estimate
+from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, with_stages
 from meshforge.plan.memory import memory
@@ -35,6 +36,8 @@ class SearchResult:
     ranked: list[Estimate]
     tried: int
     baseline: Estimate | None
+    excluded: list[tuple[str, str]] = field(default_factory=list)
+    """Features the search left out on this hardware / implementation, with the reason."""
 
     @property
     def best(self) -> Estimate:
@@ -66,10 +69,30 @@ def structures(args: ModelArgs, base: Layout, world: int, devices_per_node: int)
                     yield rep, dp // rep, cp, tp, pp
 
 
+def excluded_features(base: Layout, hw: HardwareProfile) -> list[tuple[str, str]]:
+    """What the search does not turn on, and why: features this hardware cannot run, and features whose benefit no
+    measurement has confirmed for this implementation (the model would credit nothing, so they only add risk)."""
+    out = []
+    if hw.spec.peak_fp8_flops == 0:
+        out.append(("Float8", f"{hw.name} has no fp8 tensor cores"))
+    if not hw.spec.is_gpu:
+        out.append(("async TP", f"needs CUDA symmetric memory; {hw.name} has none"))
+    elif base.impl not in ASYNC_TP_CONFIRMED:
+        out.append(("async TP", f"no overlap credited to {base.impl}'s async TP until a GPU run confirms it"))
+    out.append(
+        (
+            "ring CP",
+            "its hiding is credited to no implementation until a GPU run confirms it; CP is searched as the all-gather",
+        )
+    )
+    return out
+
+
 def candidates(args: ModelArgs, base: Layout, world: int, hw: HardwareProfile) -> Iterator[Layout]:
     """Every layout to try for ``world`` devices."""
     global_seqs = base.local_batch_size * base.dp * base.grad_accum
     fp8_options = (False, True) if hw.spec.peak_fp8_flops > 0 else (False,)
+    async_tp = hw.spec.is_gpu and base.impl in ASYNC_TP_CONFIRMED
     for rep, shard, cp, tp, pp in structures(args, base, world, hw.spec.devices_per_node):
         lbs = global_seqs // (rep * shard)
         shape = replace(
@@ -82,7 +105,8 @@ def candidates(args: ModelArgs, base: Layout, world: int, hw: HardwareProfile) -
             local_batch_size=lbs,
             grad_accum=1,
             compile=True,
-            async_tp=tp > 1 and hw.spec.is_gpu,
+            async_tp=tp > 1 and async_tp,
+            cp_impl="allgather" if cp > 1 else base.cp_impl,
             reshard_after_forward=pp == 1,
             layers_per_stage=-1,
         )
@@ -137,7 +161,7 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
             f"no layout of {base.flavor} fits {world} x {hw.name} at global batch "
             f"{base.local_batch_size * base.dp * base.grad_accum} x seq {base.seq_len}"
         )
-    return SearchResult(ranked, tried, baseline)
+    return SearchResult(ranked, tried, baseline, excluded_features(base, hw))
 
 
 def complexity(layout: Layout) -> int:

@@ -3,7 +3,7 @@
 meshforge plan [--config F] [--section.key value ...] --world-size N --hardware NAME|FILE [--json] [--search]
                [--timeline]
 meshforge plan --calibrate DIR/results.json --hardware cpu [--out FILE] [--json]
-meshforge plan --article [--hardware h100-96gb] [--json]
+meshforge plan --article [--json]          (every published row: leave-one-out accuracy, sources in docs/planner.md)
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from meshforge.config.io import ConfigError, load_config
-from meshforge.plan import article, calibrate, report
+from meshforge.plan import calibrate, published, report, validate
 from meshforge.plan.advisor import search
 from meshforge.plan.estimate import estimate, pipeline_timeline
 from meshforge.plan.hardware import HardwareProfile, auto_param_dtype, load_hardware, preset_names, save_profile
+from meshforge.plan.interval import interval
 from meshforge.plan.layout import IMPLEMENTATIONS, layout_from_config
 
 
@@ -37,7 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--search", action="store_true", help="rank every layout that fits and explain the best")
     parser.add_argument("--calibrate", metavar="RESULTS_JSON", help="fit --hardware's constants to a bench run")
     parser.add_argument("--out", help="with --calibrate: where to write the fitted profile TOML")
-    parser.add_argument("--article", action="store_true", help="predicted vs published for the article's tables")
+    parser.add_argument(
+        "--article",
+        action="store_true",
+        help="leave-one-out predicted vs published for every published row (plan/published.py)",
+    )
     parser.add_argument(
         "--timeline", action="store_true", help="also show the simulated pipeline step, one line per pipeline rank"
     )
@@ -66,12 +71,13 @@ def main(argv: list[str]) -> int:
     layout = layout_from_config(cfg, opts.world_size, impl=opts.impl, auto_dtype=auto_param_dtype(hw.spec))
     if opts.search:
         result = search(layout, opts.world_size, hw)
-        print(json.dumps(report.search_json(result), indent=2) if opts.json else report.format_search(result, hw))
+        print(json.dumps(report.search_json(result, hw), indent=2) if opts.json else report.format_search(result, hw))
         return 0
     est = estimate(layout, hw)
+    iv = interval(est, hw)
     trace = pipeline_timeline(layout, hw) if opts.timeline else []
     if opts.json:
-        out = est.to_dict()
+        out = est.to_dict() | iv.as_dict()
         if opts.timeline:
             out["timeline"] = [
                 {"rank": rank, "start_s": round(start, 6), "end_s": round(end, 6), "action": action}
@@ -79,44 +85,50 @@ def main(argv: list[str]) -> int:
             ]
         print(json.dumps(out, indent=2))
         return 0
-    print(report.format_estimate(est, hw))
+    print(report.format_estimate(est, hw, iv))
     if opts.timeline:
         print("\n" + report.format_timeline(trace))
     return 0
 
 
 def run_article(opts: argparse.Namespace) -> int:
-    """The article's tables (and the report's hold-out rows), predicted on --hardware (h100-96gb by default)."""
-    hw = load_hardware(opts.hardware or "h100-96gb")
-    rows, holdout = article.reproduce(hw), article.reproduce(hw, article.HOLDOUT)
+    """Every published row (plan/published.py): leave-one-out and in-sample predictions of the fit to them."""
+    v = validate.validation()
     if opts.json:
         out = {
-            "hardware": hw.name,
-            "summary": article.summary(rows),
-            "holdout_summary": article.summary(holdout),
-            "rows": [_article_row(r) for r in rows],
-            "holdout_rows": [_article_row(r) for r in holdout],
+            "summary": validate.summary(v.loo),
+            "in_sample_summary": validate.summary(v.in_sample),
+            "fit": report.fit_statistics(v.fitted.time, v.fitted.memory, load_hardware(validate.REFERENCE)),
+            "rows": [_article_row(loo, ins) for loo, ins in zip(v.loo, v.in_sample, strict=True)],
         }
         print(json.dumps(out, indent=2))
         return 0
-    print(f"The article's tables on {hw.name} ({hw.spec.description}):\n")
-    print(article.format_rows(rows))
-    print("\nHold-out rows (the same report's other tables; no constant was fitted to them):\n")
-    print(article.format_rows(holdout))
+    print("Every published row, predicted by the constants fitted to all the others (leave-one-out):\n")
+    print(validate.format_validation(v))
+    print(
+        report.format_fit_statistics(
+            report.fit_statistics(v.fitted.time, v.fitted.memory, load_hardware(validate.REFERENCE))
+        )
+    )
     return 0
 
 
-def _article_row(row: article.Row) -> dict[str, object]:
-    mem = row.memory_error
+def _article_row(loo: validate.Prediction, ins: validate.Prediction) -> dict[str, object]:
+    run = published.run(loo.key)
     return {
-        "table": row.case.table,
-        "setup": row.case.name,
-        "tps_published": row.case.tps,
-        "tps_predicted": round(row.estimate.tps_per_device, 1),
-        "tps_error": round(row.tps_error, 4),
-        "memory_published_gib": row.case.memory_gib or None,
-        "memory_predicted_gib": round(row.estimate.peak_memory_gib, 2),
-        "memory_error": None if mem is None else round(mem, 4),
+        "key": run.key,
+        "source": run.source,
+        "setup": run.name,
+        "hardware": run.hardware,
+        "article_table": run.article_table,
+        "tps_published": run.tps,
+        "tps_predicted": round(loo.estimate.tps_per_device, 1),
+        "tps_error": None if loo.tps_error is None else round(loo.tps_error, 4),
+        "tps_error_in_sample": None if ins.tps_error is None else round(ins.tps_error, 4),
+        "memory_published_gib": run.memory_gib,
+        "memory_predicted_gib": round(loo.estimate.peak_memory_gib, 2),
+        "memory_error": None if loo.memory_error is None else round(loo.memory_error, 4),
+        "memory_error_in_sample": None if ins.memory_error is None else round(ins.memory_error, 4),
     }
 
 
@@ -125,8 +137,9 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
     path = Path(opts.calibrate)
     obs = calibrate.read_results(path)
     before = calibrate.compare(obs, hw)
-    fitted = calibrate.fit(obs, hw)
+    fitted, time_fit, mem_fit = calibrate.fit(obs, hw)
     after = calibrate.compare(obs, fitted)
+    stats = report.fit_statistics(time_fit, mem_fit, hw)
     out = Path(opts.out) if opts.out else path.parent / f"hardware-{hw.name}-calibrated.toml"
     save_profile(fitted, out)
     spec_names = [k for k in calibrate.TIME_CONSTANTS if not hasattr(fitted.efficiency, k)]
@@ -138,6 +151,7 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
                     "profile": str(out),
                     "efficiency": vars(fitted.efficiency),
                     "fitted_hardware": fitted_spec,
+                    "fit": stats,
                     "runs": after,
                     "runs_before_fit": before,
                 },
@@ -148,6 +162,7 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
     print(f"fitted {len(obs)} runs of {path} on {hw.name}; profile written to {out}")
     constants = {**vars(fitted.efficiency), **fitted_spec}
     print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in constants.items()))
+    print(report.format_fit_statistics(stats))
     print("\n| run | layout | TPS measured | predicted | error | memory GiB measured | predicted | error |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for row in after:

@@ -145,29 +145,36 @@ def tp_layer_comm(args: ModelArgs, layout: Layout, hw: HardwareProfile, tokens: 
     mode_ops = {"full": 2 * ag + 2 * bf, "op": 2 * ag, "none": 0.0}
     recompute = sum(share * mode_ops[mode] for mode, share in block_modes(args, layout).items())
     total = 2 * ag + 2 * bf + 4 * bf + recompute
-    if layout.async_tp and layout.compile and hw.spec.is_gpu and layout.impl in ASYNC_TP_CONFIRMED:
+    if async_tp_credited(layout, hw):
         total *= 1 - hw.efficiency.async_tp_overlap
     return total
 
 
 ASYNC_TP_CONFIRMED = ("torchtitan",)
-"""Implementations whose async-TP overlap has been measured on GPUs (TorchTitan: the article's table 2). meshforge's
-own async TP has not yet run on a GPU, so the planner credits it no overlap (its TP communication stays exposed)
-until scripts/gpu_check.py has found the fused ops in its compiled graph and a GPU run has measured the gain."""
+"""Implementations whose async-TP overlap has been measured on GPUs (TorchTitan's published rows). meshforge's own
+async TP has not yet run on a GPU, so the planner credits it no overlap (its TP communication stays exposed) until
+scripts/gpu_check.py has found the fused ops in its compiled graph and a GPU run has measured the gain
+(docs/planner.md, "What is credited")."""
+
+
+def async_tp_credited(layout: Layout, hw: HardwareProfile) -> bool:
+    """Whether async TP hides part of this layout's TP communication in the model."""
+    return layout.async_tp and layout.compile and hw.spec.is_gpu and layout.tp > 1 and layout.impl in ASYNC_TP_CONFIRMED
 
 
 def cp_layer_comm(
     args: ModelArgs, layout: Layout, hw: HardwareProfile, tokens: float, attn: float, rec_attn: float
 ) -> float:
     """Exposed K/V exchange of one block: gather K/V forward (and in recomputation), gather + reduce-scatter dK/dV
-    backward. The ring hides each step behind the previous block's attention; all-gather only behind the local one."""
+        backward, hidden only behind the local block's attention. A ring would hide each step behind the previous one's
+    attention, but no GPU run has confirmed meshforge's (or measured TorchTitan's) ring, so it is credited as the
+    all-gather (docs/planner.md, "What is credited")."""
     if layout.cp == 1:
         return 0.0
     e = DTYPE_BYTES[layout.param_dtype]
     kv_bytes = tokens * 2 * args.n_heads / layout.tp * args.head_dim * e * layout.cp  # repeated K/V, whole sequence
     one = comm.all_gather(kv_bytes, layout.cp, comm.axis_link(layout, ("cp",), hw))
-    ring = layout.cp_impl == "ring"  # "auto" runs the all-gather implementation (parallel/context_parallel.py)
-    hidden = (attn if ring else attn / layout.cp) if hw.spec.comm_overlaps_compute else 0.0
+    hidden = attn / layout.cp if hw.spec.comm_overlaps_compute else 0.0
     forward = max(0.0, one - hidden)
     backward = max(0.0, 2 * one - ATTENTION_BWD_FACTOR * hidden)
     return (1 + rec_attn) * forward + backward
@@ -401,4 +408,8 @@ def layout_warnings(layout: Layout, hw: HardwareProfile) -> list[str]:
         out.append(f"Float8 has no fp8 tensor cores to use on {hw.name}: no speedup modelled")
     if layout.async_tp and layout.tp > 1 and not layout.compile:
         out.append("async TP needs compile.enable: modelled as plain TP")
+    elif layout.async_tp and layout.tp > 1 and hw.spec.is_gpu and layout.impl not in ASYNC_TP_CONFIRMED:
+        out.append("async TP: no overlap credited until a GPU run confirms meshforge's (modelled as plain TP)")
+    if layout.cp > 1 and layout.cp_impl == "ring":
+        out.append("ring CP: no hiding credited until a GPU run confirms it (modelled as the all-gather)")
     return out

@@ -8,6 +8,7 @@ one-line ConfigError.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from meshforge.config.io import ConfigError
@@ -261,10 +262,15 @@ def check_pipeline(layout: Layout, args: ModelArgs) -> None:
 def stage_layer_counts(n_layers: int, layout: Layout) -> list[int]:
     """Transformer blocks per stage, as training splits them (parallel.pipeline.split.split_evenly: the embedding and
     the output count as first/last_stage_less_layers blocks, the total is split evenly)."""
-    stages = split.split_evenly(  # ConfigError when the layers do not split
-        n_layers, layout.num_stages, layout.first_stage_less_layers, layout.last_stage_less_layers
+    return list(
+        _layer_counts(n_layers, layout.num_stages, layout.first_stage_less_layers, layout.last_stage_less_layers)
     )
-    return [sum(name.startswith("layers.") for name in names) for names in stages]
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_counts(n_layers: int, stages: int, first_less: int, last_less: int) -> tuple[int, ...]:
+    names = split.split_evenly(n_layers, stages, first_less, last_less)  # ConfigError when the layers do not split
+    return tuple(sum(name.startswith("layers.") for name in stage) for stage in names)
 
 
 def stages_of_rank(layout: Layout, rank: int) -> list[int]:

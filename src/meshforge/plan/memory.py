@@ -241,17 +241,7 @@ def memory(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> MemoryBreakd
 
 def rank_memory(args: ModelArgs, layout: Layout, hw: HardwareProfile, rank: int) -> MemoryBreakdown:
     """Peak memory of one pipeline rank."""
-    parts = rank_parts(args, layout, rank)
-    numel = local_param_numel(args, layout, parts)
-    tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
-    per_layer = saved_bytes_per_token(args, layout) * tokens
-    mean_stage = parts.layers / max(1, len(parts.stage_layers))
-    saved = schedules.in_flight(layout, rank) * mean_stage * per_layer
-    transient = transient_bytes_per_token(args, layout) * tokens
-    per_logit = LOSS_PARALLEL_BYTES_PER_LOGIT if layout.tp > 1 else LOSS_BYTES_PER_LOGIT
-    loss = per_logit * tokens * args.vocab_size / layout.tp if parts.head else 0.0
-    activations = saved + max(transient, loss)
-    buffers = comm_buffer_bytes(args, layout, parts, tokens)
+    numel, activations, buffers = rank_allocated(args, layout, rank)
     allocated = numel * sum(STATE_BYTES.values()) + activations + buffers
     eff = hw.efficiency
     return MemoryBreakdown(
@@ -264,6 +254,22 @@ def rank_memory(args: ModelArgs, layout: Layout, hw: HardwareProfile, rank: int)
         framework=eff.framework_gib,
         rank=rank,
     )
+
+
+@functools.lru_cache(maxsize=8192)
+def rank_allocated(args: ModelArgs, layout: Layout, rank: int) -> tuple[int, float, float]:
+    """What one pipeline rank allocates, hardware aside: local parameter elements, activation bytes, buffer bytes."""
+    parts = rank_parts(args, layout, rank)
+    numel = local_param_numel(args, layout, parts)
+    tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
+    per_layer = saved_bytes_per_token(args, layout) * tokens
+    mean_stage = parts.layers / max(1, len(parts.stage_layers))
+    saved = schedules.in_flight(layout, rank) * mean_stage * per_layer
+    transient = transient_bytes_per_token(args, layout) * tokens
+    per_logit = LOSS_PARALLEL_BYTES_PER_LOGIT if layout.tp > 1 else LOSS_BYTES_PER_LOGIT
+    loss = per_logit * tokens * args.vocab_size / layout.tp if parts.head else 0.0
+    activations = saved + max(transient, loss)
+    return numel, activations, comm_buffer_bytes(args, layout, parts, tokens)
 
 
 def comm_buffer_bytes(args: ModelArgs, layout: Layout, parts: RankParts, tokens: float) -> float:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshforge.plan import fit as fitting
 from meshforge.plan.advisor import SearchResult, best_by, complexity
 from meshforge.plan.estimate import Estimate
+from meshforge.plan.fit import Fit, MemoryFit
 from meshforge.plan.hardware import HardwareProfile
+from meshforge.plan.interval import Interval, interval, separable
 
 TIME_LABELS = {
     "compute": "compute (matmuls, attention, element-wise)",
@@ -28,8 +31,8 @@ SHORT = {
 }
 
 
-def format_estimate(est: Estimate, hw: HardwareProfile) -> str:
-    """The human-readable prediction for one layout."""
+def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = None) -> str:
+    """The human-readable prediction for one layout (with its interval and memory verdict when given)."""
     lay = est.layout
     lines = [
         f"meshforge plan: {lay.flavor} on {lay.world_size} x {hw.name} ({hw.spec.description})",
@@ -41,14 +44,31 @@ def format_estimate(est: Estimate, hw: HardwareProfile) -> str:
         lines.append(f"  {key.replace('_', ' '):<28} {value:8.2f}")
     usable = est.capacity_gib - est.runtime_gib
     verdict = "fits" if est.fits else "DOES NOT FIT"
+    if iv is not None:
+        verdict = memory_verdict(est, iv)
     lines.append(f"  {'peak':<28} {est.peak_memory_gib:8.2f}   of {usable:.1f} usable -> {verdict}")
     lines += ["", f"step time (s), {est.layout.tokens_per_device_step:,.0f} tokens per device per step:"]
     for key, value in est.time.items():
         lines.append(f"  {TIME_LABELS[key]:<44} {value:9.4f}  {value / est.step_time:6.1%}")
     lines.append(f"  {'total':<44} {est.step_time:9.4f}")
     lines += ["", f"tokens/s per device: {est.tps_per_device:,.1f}    MFU: {est.mfu_pct:.1f} %"]
+    if iv is not None:
+        lines.append(
+            f"interval (+-1 sd, leave-one-out spread + constants' covariance): {iv.tps_low:,.1f} - {iv.tps_high:,.1f}"
+            f" tokens/s, {iv.memory_low:.1f} - {iv.memory_high:.1f} GiB"
+        )
     lines += [f"warning: {w}" for w in est.warnings]
     return "\n".join(lines)
+
+
+def memory_verdict(est: Estimate, iv: Interval) -> str:
+    """'fits', 'DOES NOT FIT' or 'tight' with the margin of the point estimate."""
+    if iv.verdict == "fits":
+        return f"fits ({iv.usable_gib - iv.memory_high:.1f} GiB to spare at the interval's high end)"
+    if iv.verdict == "does not fit":
+        return f"DOES NOT FIT (short by {iv.memory_low - iv.usable_gib:.1f} GiB at the interval's low end)"
+    margin = iv.usable_gib - est.peak_memory_gib
+    return f"tight (margin {margin:+.1f} GiB; the interval {iv.memory_low:.1f} - {iv.memory_high:.1f} straddles it)"
 
 
 def format_timeline(trace: list[tuple[int, float, float, str]], width: int = 100) -> str:
@@ -70,12 +90,29 @@ def format_timeline(trace: list[tuple[int, float, float, str]], width: int = 100
     return "\n".join(lines)
 
 
-def _row(label: str, est: Estimate) -> str:
+def _row(label: str, est: Estimate, hw: HardwareProfile) -> str:
     parts = sorted(est.time.items(), key=lambda kv: -kv[1])[1:3]
     overhead = ", ".join(f"{SHORT[k]} {v / est.step_time:.0%}" for k, v in parts if v > 0)
+    iv = interval(est, hw)
     return (
-        f"| {label} | {est.layout.describe()} | {est.tps_per_device:,.1f} | {est.mfu_pct:.1f} | "
-        f"{est.peak_memory_gib:.1f} | {'yes' if est.fits else 'no'} | {overhead} |"
+        f"| {label} | {est.layout.describe()} | {est.tps_per_device:,.1f} ({iv.tps_low:,.0f}-{iv.tps_high:,.0f}) | "
+        f"{est.mfu_pct:.1f} | {est.peak_memory_gib:.1f} ({iv.memory_low:.0f}-{iv.memory_high:.0f}) | "
+        f"{iv.verdict} | {overhead} |"
+    )
+
+
+def separation(result: SearchResult, hw: HardwareProfile) -> str:
+    """Whether the recommendation and the runner-up are told apart by more than the recommendation's interval."""
+    if len(result.ranked) < 2:
+        return "no runner-up: the recommendation is the only fitting layout"
+    best, second = result.ranked[0], result.ranked[1]
+    iv = interval(best, hw)
+    gap = second.tps_per_device / best.tps_per_device - 1
+    if separable(best, second, iv):
+        return f"the runner-up is {gap:+.1%} from the recommendation, outside its interval: separable"
+    return (
+        f"NOT SEPARABLE: the runner-up is {gap:+.1%} from the recommendation, within its interval "
+        f"({iv.tps_low:,.0f}-{iv.tps_high:,.0f}); the model cannot tell them apart, measure both"
     )
 
 
@@ -112,7 +149,7 @@ def format_search(result: SearchResult, hw: HardwareProfile) -> str:
     best = result.best
     lay = best.layout
     header = (
-        "| | layout | tokens/s/device | MFU % | memory GiB | fits | largest overheads |\n"
+        "| | layout | tokens/s/device (+-1 sd) | MFU % | memory GiB (+-1 sd) | memory | largest overheads |\n"
         "|---|---|---:|---:|---:|---|---|"
     )
     lines = [
@@ -121,12 +158,14 @@ def format_search(result: SearchResult, hw: HardwareProfile) -> str:
         f"{len(result.ranked)} fit",
         "",
         header,
-        _row("recommended", best),
+        _row("recommended", best, hw),
     ]
     if len(result.ranked) > 1:
-        lines.append(_row("runner-up", result.ranked[1]))
+        lines.append(_row("runner-up", result.ranked[1], hw))
     if result.baseline is not None:
-        lines.append(_row("your config", result.baseline))
+        lines.append(_row("your config", result.baseline, hw))
+    lines += ["", separation(result, hw)]
+    lines += [f"not searched: {feature}: {reason}" for feature, reason in result.excluded]
     lines += ["", "why this TP degree (best fitting layout per TP degree):"]
     lines += [f"  TP {e.layout.tp}: {e.tps_per_device:,.1f} tok/s ({why(best, e)})" for e in _sorted(result, "tp")]
     lines += ["", "why this pipeline schedule (best fitting layout per schedule):"]
@@ -144,11 +183,17 @@ def _sorted(result: SearchResult, key: str) -> list[Estimate]:
     return sorted(best_by(result, key), key=lambda e: -e.tps_per_device)
 
 
-def search_json(result: SearchResult) -> dict[str, Any]:
-    """The JSON form of a search: the recommendation (top-level keys as for one estimate) and the alternatives."""
-    out = result.best.to_dict()
-    out["runner_up"] = result.ranked[1].to_dict() if len(result.ranked) > 1 else None
-    out["config_layout"] = result.baseline.to_dict() if result.baseline else None
+def search_json(result: SearchResult, hw: HardwareProfile) -> dict[str, Any]:
+    """The JSON form of a search: the recommendation (top-level keys as for one estimate) and the alternatives, each
+    with its interval; whether the first two are separable; what was not searched and why."""
+    out = result.best.to_dict() | interval(result.best, hw).as_dict()
+    second = result.ranked[1] if len(result.ranked) > 1 else None
+    out["runner_up"] = second.to_dict() | interval(second, hw).as_dict() if second else None
+    out["separable"] = separable(result.best, second, interval(result.best, hw)) if second else True
+    out["config_layout"] = (
+        result.baseline.to_dict() | interval(result.baseline, hw).as_dict() if result.baseline else None
+    )
+    out["not_searched"] = [{"feature": f, "reason": r} for f, r in result.excluded]
     out["layouts_tried"], out["layouts_fitting"] = result.tried, len(result.ranked)
     out["best_per_tp"] = [_brief(e) for e in _sorted(result, "tp")]
     out["best_per_schedule"] = [_brief(e) for e in _sorted(result, "schedule")]
@@ -161,3 +206,49 @@ def _brief(est: Estimate) -> dict[str, Any]:
         "tps_per_device": round(est.tps_per_device, 2),
         "peak_memory_gib": round(est.peak_memory_gib, 2),
     }
+
+
+def fit_statistics(time_fit: Fit, mem_fit: MemoryFit | None, start: HardwareProfile) -> dict[str, Any]:
+    """Each fitted constant's value, standard error and determining runs; the dropped and merged ones."""
+    fitted = time_fit.apply(start)
+    out: dict[str, Any] = {
+        "constants": [
+            {
+                "name": c.name,
+                "value": fitting.value(fitted, c.name),
+                "stderr": fitting.value(fitted, c.name) * c.log_se,
+                "determined_by": list(c.determined_by),
+            }
+            for c in time_fit.constants
+        ],
+        "dropped": [{"name": n, "reason": r} for n, r in time_fit.dropped],
+        "tps_log_residual_sd": time_fit.residual_sd,
+    }
+    if mem_fit is not None:
+        out["memory"] = {
+            "allocator_overhead": mem_fit.allocator_overhead,
+            "allocator_overhead_stderr": mem_fit.stderr[0],
+            "framework_gib": mem_fit.framework_gib,
+            "framework_gib_stderr": mem_fit.stderr[1],
+            "relative_residual_sd": mem_fit.residual_sd,
+            "merged": mem_fit.merged,
+        }
+    return out
+
+
+def format_fit_statistics(stats: dict[str, Any]) -> str:
+    """The fit's constants as a Markdown table, then what was dropped or merged."""
+    lines = ["\n| constant | value | standard error | determined by |", "|---|---:|---:|---|"]
+    for c in stats["constants"]:
+        lines.append(f"| {c['name']} | {c['value']:.4g} | {c['stderr']:.2g} | {', '.join(c['determined_by'])} |")
+    mem = stats.get("memory")
+    if mem:
+        slack, slack_se = mem["allocator_overhead"], mem["allocator_overhead_stderr"]
+        lines.append(f"| allocator_overhead | {slack:.4g} | {slack_se:.2g} | memory rows |")
+        lines.append(
+            f"| framework_gib | {mem['framework_gib']:.4g} | {mem['framework_gib_stderr']:.2g} | memory rows |"
+        )
+    lines += [f"dropped {d['name']}: {d['reason']} (held at its start)" for d in stats["dropped"]]
+    if mem and mem["merged"]:
+        lines.append(mem["merged"])
+    return "\n".join(lines)
