@@ -7,14 +7,16 @@ determine each constant); the same code fits the shipped GPU defaults to the pub
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import get_flavor
 from meshforge.plan.estimate import estimate
-from meshforge.plan.fit import Fit, MemoryFit, Observation, allocated_gib, fit_memory, fit_time
+from meshforge.plan.fit import Fit, MemoryFit, Observation, allocated_gib, fit_memory, fit_time, refit_without
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, normalize_schedule, with_stages
 
@@ -91,15 +93,32 @@ def fit(
     obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str] = TIME_CONSTANTS
 ) -> tuple[HardwareProfile, Fit, MemoryFit | None]:
     """The profile with ``names`` fitted to the runs' throughput and the memory constants to their peaks, and the
-    statistics of both fits (memory: None without a measured peak)."""
-    time_fit = fit_time([o for o in obs if not o.emulated], hw, names, prior=PRIOR_WEIGHT)
+    statistics of both fits (memory: None without a measured peak). The profile's spreads are the leave-one-out RMS
+    error of tokens/s and the in-sample relative residual of memory (two constants, linear: close to its LOO)."""
+    runs = [o for o in obs if not o.emulated]
+    time_fit = fit_time(runs, hw, names, prior=PRIOR_WEIGHT)
     profile = time_fit.apply(hw)
+    profile = replace(profile, efficiency=replace(profile.efficiency, tps_log_sd=loo_spread(runs, hw, time_fit)))
     pairs = [(allocated_gib(o, profile), o.peak_memory_gib) for o in obs if o.peak_memory_gib]
     if not pairs:
         return profile, time_fit, None
     eff = profile.efficiency
     mem = fit_memory(pairs, eff.allocator_overhead, eff.framework_gib)
-    return mem.apply(profile), time_fit, mem
+    profile = mem.apply(profile)
+    return replace(profile, efficiency=replace(profile.efficiency, memory_log_sd=mem.residual_sd)), time_fit, mem
+
+
+def loo_spread(runs: Sequence[Observation], hw: HardwareProfile, full: Fit) -> float:
+    """RMS log error of each run's tokens/s predicted by the fit to the others (fit.refit_without)."""
+    timed = [o for o in runs if o.tps_per_device]
+    if len(timed) < 2:
+        return hw.efficiency.tps_log_sd
+    errors = []
+    for i, o in enumerate(timed):
+        assert o.tps_per_device is not None
+        profile = refit_without(timed, hw, full, i).apply(hw)
+        errors.append(math.log(estimate(o.layout, profile).tps_per_device / o.tps_per_device) ** 2)
+    return math.sqrt(sum(errors) / len(errors))
 
 
 def compare(obs: Sequence[Observation], hw: HardwareProfile) -> list[dict[str, Any]]:
