@@ -121,12 +121,23 @@ def test_custom_hardware_toml(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_article_and_search_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    from meshforge.plan import published
+
     code, out, _ = run(["--article", "--json"], capsys)
-    assert code == 0 and len(json.loads(out)["rows"]) == 10
+    article = json.loads(out)
+    assert code == 0 and len(article["rows"]) == len(published.RUNS)
+    assert article["summary"]["tps_median"] <= 0.15 and article["fit"]["constants"]
     code, out, _ = run([*JOB_8B, "--world-size", "8", "--hardware", "h100-96gb", "--search", "--json"], capsys)
     data = json.loads(out)
     assert code == 0 and data["fits"] and data["config_layout"]["layout"].startswith("FSDP 8")
     assert data["runner_up"] is not None and data["best_per_tp"]
+    assert data["tps_low"] < data["tps_per_device"] < data["tps_high"]
+    assert data["memory_low"] < data["peak_memory_gib"] < data["memory_high"]
+    assert data["memory_verdict"] in ("fits", "tight") and isinstance(data["separable"], bool)
+    assert {
+        "feature": "async TP",
+        "reason": "no overlap credited to meshforge's async TP until a GPU run confirms it",
+    } in (data["not_searched"])
 
 
 def test_cpu_preset_runs_a_probe(capsys: pytest.CaptureFixture[str]) -> None:
