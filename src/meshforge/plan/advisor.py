@@ -16,7 +16,7 @@ from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, with_stages
-from meshforge.plan.memory import memory
+from meshforge.plan.memory import memory, rank_memory
 
 SEARCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 AC_MODES = ("none", "selective", "full")
@@ -139,14 +139,18 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
     args = get_flavor(base.flavor).with_seq_len(base.seq_len)
     ranked: list[Estimate] = []
     tried = 0
+    usable = hw.spec.device_memory_gib(world) - hw.spec.runtime_gib
     for layout in candidates(args, base, world, hw):
         tried += 1
         try:
             check_layout(layout, args)
+            # rank 0's peak bounds the peak over the ranks from below: most layouts that do not fit stop here
+            if rank_memory(args, layout, hw, 0).peak > usable:
+                continue
             mem = memory(args, layout, hw)
         except ConfigError:
             continue
-        if mem.peak + hw.spec.runtime_gib > hw.spec.device_memory_gib(world):
+        if mem.peak > usable:
             continue
         ranked.append(estimate(layout, hw))
     ranked = recommendation_order(ranked)

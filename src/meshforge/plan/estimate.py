@@ -10,13 +10,14 @@ derives every formula.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs, flops_per_token, get_flavor
 from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
-from meshforge.plan import comm
+from meshforge.plan import comm, schedules
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, check_layout, stage_layer_counts
 from meshforge.plan.memory import (
@@ -115,6 +116,7 @@ class LayerTimes:
     cp_comm: float
 
 
+@functools.lru_cache(maxsize=4096)
 def layer_times(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates) -> LayerTimes:
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
     linear = linear_numel(args, layout.tp)
@@ -297,9 +299,12 @@ def pipeline_step(
     spec = hw.spec
     over = 1.0
     if spec.node_cores:
-        alone = simulate(layout, stage_costs(args, layout, hw, r, 1.0), send, spec.stage_overhead)
+        alone = schedules.simulate(layout, stage_costs(args, layout, hw, r, 1.0), send, spec.stage_overhead)
         over = spec.oversubscription(layout.world_size, layout.threads_per_rank, busy=alone.mean_busy / alone.makespan)
-    return over, simulate(layout, stage_costs(args, layout, hw, r, over), send, spec.stage_overhead * over, trace)
+    costs = stage_costs(args, layout, hw, r, over)
+    if trace is not None:  # the timeline draws every action
+        return over, simulate(layout, costs, send, spec.stage_overhead * over, trace)
+    return over, schedules.simulate(layout, costs, send, spec.stage_overhead * over)
 
 
 @dataclass

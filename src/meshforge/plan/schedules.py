@@ -37,6 +37,51 @@ def in_flight(layout: Layout, rank: int) -> int:
     (simulator.in_flight). What that gives, for m a multiple of p: 1F1B p - rank; GPipe and looped BFS v m;
     interleaved 1F1B (v-1) p + 2 (p-1-rank) + 1; interleaved zero bubble v p on every rank (a warm-up one shorter per
     hop, weight gradients one later per hop); ZB-V 2 p on every rank once m >= 2p - 1."""
+    return in_flight_fast(layout, rank)
+
+
+EXTRAPOLATE_ROUNDS = 3
+"""Schedules of more than this many rounds of p microbatches are simulated at this many rounds and one more, and
+extended linearly: past the warm-up every round repeats the same actions, so the step grows by the same time per round
+(the peak of activations in flight is reached in the warm-up, so it is the same too, or, for the schedules that run
+every forward first, grows by one round's forwards). tests/unit/test_plan_speed.py
+checks both against the full simulation."""
+
+
+def _short(layout: Layout, rounds: int) -> simulator.Shape:
+    return simulator.Shape(layout.schedule, layout.pp, rounds * layout.pp, layout.stages_per_rank)
+
+
+def _long(layout: Layout) -> bool:
+    m, p = layout.schedule_microbatches, layout.pp
+    return m % p == 0 and m // p > EXTRAPOLATE_ROUNDS + 1
+
+
+def in_flight_fast(layout: Layout, rank: int) -> int:
+    """``in_flight``, counted on short schedules of the same shape and extended when the real one is long."""
     if layout.pp == 1:
         return 1
-    return simulator.in_flight(layout, rank)
+    if not _long(layout):
+        return simulator.in_flight(layout, rank)
+    k = EXTRAPOLATE_ROUNDS
+    a = simulator.in_flight(_short(layout, k), rank)
+    b = simulator.in_flight(_short(layout, k + 1), rank)
+    return b + (layout.schedule_microbatches // layout.pp - (k + 1)) * (b - a)
+
+
+def simulate(
+    layout: Layout, costs: list[simulator.StageCost], latency: float, overhead: float = 0.0
+) -> simulator.StepResult:
+    """simulator.simulate, extended linearly from EXTRAPOLATE_ROUNDS and one more rounds for long schedules."""
+    if not _long(layout):
+        return simulator.simulate(layout, costs, latency, overhead)
+    k = EXTRAPOLATE_ROUNDS
+    a = simulator.simulate(_short(layout, k), costs, latency, overhead)
+    b = simulator.simulate(_short(layout, k + 1), costs, latency, overhead)
+    extra = layout.schedule_microbatches // layout.pp - (k + 1)
+
+    def ext(x: float, y: float) -> float:
+        return y + extra * (y - x)
+
+    busy = tuple(ext(x, y) for x, y in zip(a.rank_busy, b.rank_busy, strict=True))
+    return simulator.StepResult(ext(a.makespan, b.makespan), busy, ext(a.exposed_sends, b.exposed_sends))
