@@ -89,7 +89,12 @@ def observation(record: dict[str, Any], path: Path) -> Observation:
         raise ConfigError(f"--calibrate {path}: a run has a bad value ({exc})") from None
 
 
-def fit(
+def fit(obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str] = TIME_CONSTANTS) -> HardwareProfile:
+    """The profile with ``names`` fitted to the runs' throughput and the memory constants to their peaks."""
+    return fit_with_statistics(obs, hw, names)[0]
+
+
+def fit_with_statistics(
     obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str] = TIME_CONSTANTS
 ) -> tuple[HardwareProfile, Fit, MemoryFit | None]:
     """The profile with ``names`` fitted to the runs' throughput and the memory constants to their peaks, and the
@@ -115,7 +120,6 @@ def loo_spread(runs: Sequence[Observation], hw: HardwareProfile, full: Fit) -> f
         return hw.efficiency.tps_log_sd
     errors = []
     for i, o in enumerate(timed):
-        assert o.tps_per_device is not None
         profile = refit_without(timed, hw, full, i).apply(hw)
         errors.append(math.log(estimate(o.layout, profile).tps_per_device / o.tps_per_device) ** 2)
     return math.sqrt(sum(errors) / len(errors))
@@ -126,7 +130,6 @@ def compare(obs: Sequence[Observation], hw: HardwareProfile) -> list[dict[str, A
     out = []
     for o in obs:
         est = estimate(o.layout, hw)
-        assert o.tps_per_device is not None  # a bench record always has one
         row: dict[str, Any] = {
             "name": o.name,
             "layout": o.layout.describe(),

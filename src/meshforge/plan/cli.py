@@ -137,7 +137,7 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
     path = Path(opts.calibrate)
     obs = calibrate.read_results(path)
     before = calibrate.compare(obs, hw)
-    fitted, time_fit, mem_fit = calibrate.fit(obs, hw)
+    fitted, time_fit, mem_fit = calibrate.fit_with_statistics(obs, hw)
     after = calibrate.compare(obs, fitted)
     stats = report.fit_statistics(time_fit, mem_fit, hw)
     out = Path(opts.out) if opts.out else path.parent / f"hardware-{hw.name}-calibrated.toml"

@@ -53,7 +53,7 @@ class Observation:
 
     name: str
     layout: Layout
-    tps_per_device: float | None
+    tps_per_device: float
     peak_memory_gib: float | None
     emulated: bool = False
     """Float8 emulated in high precision (a CPU run): its time is not Float8's, so it is reported but not fitted."""
@@ -228,7 +228,6 @@ def refit_without(obs: Sequence[Observation], hw: HardwareProfile, full: Fit, in
 
 
 def _log_error(o: Observation, hw: HardwareProfile, scale: dict[str, float]) -> float:
-    assert o.tps_per_device
     return math.log(estimate(o.layout, scaled(o.hardware or hw, scale)).tps_per_device / o.tps_per_device)
 
 
