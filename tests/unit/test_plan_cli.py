@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from meshforge.cli import main
+from meshforge.plan.hardware import Efficiency
 
 JOB_8B = ["--model.flavor", "8B", "--training.seq_len", "8192", "--training.local_batch_size", "2"]
 
@@ -165,3 +167,26 @@ def test_timeline_shows_the_simulated_schedule(capsys: pytest.CaptureFixture[str
     parts = data["breakdown"]["step_time_s"]
     pipeline = sum(parts[k] for k in ("compute", "exposed_tp_comm", "exposed_cp_comm", "exposed_pp_comm"))
     assert max(a["end_s"] for a in actions) == pytest.approx(pipeline + parts["pipeline_bubble"], abs=1e-4)
+
+
+def test_every_prediction_carries_an_interval_and_a_three_way_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    """8B FSDP 8 at batch 2 is predicted near a 96 GB GPU's capacity: 'tight' with the margin, not a yes or a no; at
+    128 GPUs (less state per GPU) it fits. The constants' covariance widens the interval beyond the leave-one-out
+    spread, most for a layout that leans on the least certain constant (eager element-wise kernels: memory_bandwidth,
+    log standard error 0.4) and least for a compiled one."""
+    code, out, _ = run([*JOB_8B, "--world-size", "8", "--hardware", "h100-96gb", "--json"], capsys)
+    near = json.loads(out)
+    assert code == 0 and near["memory_low"] < near["peak_memory_gib"] < near["memory_high"]
+    assert near["memory_low"] < near["capacity_gib"] < near["memory_high"] and near["memory_verdict"] == "tight"
+    code, out, _ = run([*JOB_8B, "--world-size", "8", "--hardware", "h100-96gb"], capsys)
+    assert "tight (margin +" in out and "interval (+-1 sd" in out
+    code, out, _ = run([*JOB_8B, "--world-size", "128", "--hardware", "h100-96gb", "--json"], capsys)
+    assert json.loads(out)["memory_verdict"] == "fits"
+    spread = 2 * Efficiency().tps_log_sd
+    code, out, _ = run([*JOB_8B, "--compile.enable", "--world-size", "8", "--hardware", "h100-96gb", "--json"], capsys)
+    fused = json.loads(out)
+    eager_width, fused_width = (
+        math.log(near["tps_high"] / near["tps_low"]),
+        math.log(fused["tps_high"] / fused["tps_low"]),
+    )
+    assert eager_width > fused_width > spread
