@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
-from meshforge.plan.hardware import HardwareProfile
+from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, with_stages
-from meshforge.plan.memory import memory, rank_memory
+from meshforge.plan.memory import STATE_BYTES, local_param_numel, memory, rank_memory, rank_parts
 
 SEARCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 AC_MODES = ("none", "selective", "full")
@@ -140,10 +140,17 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
     ranked: list[Estimate] = []
     tried = 0
     usable = hw.spec.device_memory_gib(world) - hw.spec.runtime_gib
+    too_big: set[tuple[int | str, ...]] = set()
     for layout in candidates(args, base, world, hw):
         tried += 1
+        shape = (layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp, layout.pp, layout.schedule)
+        if shape in too_big:  # its model state alone does not fit: no AC mode, microbatch or Float8 changes that
+            continue
         try:
             check_layout(layout, args)
+            if state_gib(args, layout, hw) > usable:
+                too_big.add(shape)
+                continue
             # rank 0's peak bounds the peak over the ranks from below: most layouts that do not fit stop here
             if rank_memory(args, layout, hw, 0).peak > usable:
                 continue
@@ -166,6 +173,14 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
             f"{base.local_batch_size * base.dp * base.grad_accum} x seq {base.seq_len}"
         )
     return SearchResult(ranked, tried, baseline, excluded_features(base, hw))
+
+
+def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:
+    """Rank 0's parameters, gradients and optimizer state with the allocator's share: a lower bound of its peak that
+    depends only on the degrees and the schedule's stages."""
+    numel = local_param_numel(args, layout, rank_parts(args, layout, 0))
+    eff = hw.efficiency
+    return numel * sum(STATE_BYTES.values()) * (1 + eff.allocator_overhead) / GIB + eff.framework_gib
 
 
 def complexity(layout: Layout) -> int:

@@ -40,12 +40,17 @@ def in_flight(layout: Layout, rank: int) -> int:
     return in_flight_fast(layout, rank)
 
 
-EXTRAPOLATE_ROUNDS = 3
-"""Schedules of more than this many rounds of p microbatches are simulated at this many rounds and one more, and
-extended linearly: past the warm-up every round repeats the same actions, so the step grows by the same time per round
-(the peak of activations in flight is reached in the warm-up, so it is the same too, or, for the schedules that run
-every forward first, grows by one round's forwards). tests/unit/test_plan_speed.py
-checks both against the full simulation."""
+EXTRAPOLATE_ROUNDS = 2
+"""Rounds the first short simulation has (then doubled until steady).
+Long schedules (rounds of p microbatches beyond this + 1) are simulated short and extended linearly: past the
+warm-up every round repeats the same actions, so the step grows by the same time per round (checked: the extension is
+used only once three consecutive lengths agree) and the peak of activations in flight is reached in the warm-up (or,
+for the schedules that run every forward first, grows by one round's forwards). tests/unit/test_plan_speed.py checks
+both against the full simulation, and the search's results against a search without the shortcut."""
+
+
+IN_FLIGHT_ROUNDS = 3
+"""Rounds of the short schedules activations in flight are counted on (cheap: counted once per schedule shape)."""
 
 
 def _short(layout: Layout, rounds: int) -> simulator.Shape:
@@ -54,7 +59,7 @@ def _short(layout: Layout, rounds: int) -> simulator.Shape:
 
 def _long(layout: Layout) -> bool:
     m, p = layout.schedule_microbatches, layout.pp
-    return m % p == 0 and m // p > EXTRAPOLATE_ROUNDS + 1
+    return m % p == 0 and m // p > IN_FLIGHT_ROUNDS + 1
 
 
 def in_flight_fast(layout: Layout, rank: int) -> int:
@@ -63,7 +68,7 @@ def in_flight_fast(layout: Layout, rank: int) -> int:
         return 1
     if not _long(layout):
         return simulator.in_flight(layout, rank)
-    k = EXTRAPOLATE_ROUNDS
+    k = IN_FLIGHT_ROUNDS
     a = simulator.in_flight(_short(layout, k), rank)
     b = simulator.in_flight(_short(layout, k + 1), rank)
     return b + (layout.schedule_microbatches // layout.pp - (k + 1)) * (b - a)
@@ -72,16 +77,33 @@ def in_flight_fast(layout: Layout, rank: int) -> int:
 def simulate(
     layout: Layout, costs: list[simulator.StageCost], latency: float, overhead: float = 0.0
 ) -> simulator.StepResult:
-    """simulator.simulate, extended linearly from EXTRAPOLATE_ROUNDS and one more rounds for long schedules."""
-    if not _long(layout):
-        return simulator.simulate(layout, costs, latency, overhead)
+    """simulator.simulate, extended linearly for long schedules once short simulations of k and k + 1 rounds are in
+    steady state: the step grows per round by exactly its busiest rank's work (bound by it), or, where sends bound
+    it instead, by the same time over three consecutive lengths; k doubles until then, and a schedule too short to
+    tell is simulated in full."""
+    rounds = layout.schedule_microbatches // layout.pp
     k = EXTRAPOLATE_ROUNDS
-    a = simulator.simulate(_short(layout, k), costs, latency, overhead)
-    b = simulator.simulate(_short(layout, k + 1), costs, latency, overhead)
-    extra = layout.schedule_microbatches // layout.pp - (k + 1)
+    while _long(layout) and k + 2 < rounds:
+        a, b = (simulator.simulate(_short(layout, r), costs, latency, overhead) for r in (k, k + 1))
+        growth = b.makespan - a.makespan
+        bottleneck = max(y - x for x, y in zip(a.rank_busy, b.rank_busy, strict=True))
+        if abs(growth - bottleneck) <= 1e-9 * b.makespan:
+            return _extend(a, b, rounds - (k + 1))
+        c = simulator.simulate(_short(layout, k + 2), costs, latency, overhead)
+        if growth > bottleneck and abs((c.makespan - b.makespan) - growth) <= 1e-9 * c.makespan:
+            return _extend(b, c, rounds - (k + 2))
+        k *= 2
+    return simulator.simulate(layout, costs, latency, overhead)
+
+
+def _extend(b: simulator.StepResult, c: simulator.StepResult, extra: int) -> simulator.StepResult:
+    """c plus ``extra`` more rounds at the growth from b to c. The sends on the critical path depend on which of
+    tied paths is followed, so they are only kept within the step's idle time."""
 
     def ext(x: float, y: float) -> float:
         return y + extra * (y - x)
 
-    busy = tuple(ext(x, y) for x, y in zip(a.rank_busy, b.rank_busy, strict=True))
-    return simulator.StepResult(ext(a.makespan, b.makespan), busy, ext(a.exposed_sends, b.exposed_sends))
+    busy = tuple(ext(x, y) for x, y in zip(b.rank_busy, c.rank_busy, strict=True))
+    makespan = ext(b.makespan, c.makespan)
+    sends = min(max(0.0, ext(b.exposed_sends, c.exposed_sends)), makespan - max(busy))
+    return simulator.StepResult(makespan, busy, max(0.0, sends))
