@@ -1,7 +1,7 @@
 """Hardware profiles: datasheet figures of a device and its links, plus the few efficiency constants of the model.
 
 A profile = ``HardwareSpec`` (what the vendor states, or what the CPU probe measures) + ``Efficiency`` (what fraction of
-it training kernels reach, fitted once to the TorchTitan Dec-2024 H100 report; see docs/planner.md). Presets live in
+it training kernels reach, fitted to every published row of plan/published.py; see docs/planner.md). Presets live in
 ``PRESETS``; ``load_hardware`` also reads a TOML file with the same keys (configs/hardware/example.toml), and
 ``save_profile`` writes one (what ``meshforge plan --calibrate`` produces).
 """
