@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from meshforge.errors import ConfigError
 from meshforge.config.io import load_config
+from meshforge.errors import ConfigError
 from meshforge.plan import published
 from meshforge.plan.layout import layout_from_config
 
