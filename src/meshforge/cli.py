@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("meshforge.bench.cli", "run a matrix of parallel strategies and report throughput, memory, loss"),
     "plan": ("meshforge.plan.cli", "predict memory and throughput of a layout at any scale; --search recommends one"),
     "compare-losses": ("meshforge.tools.compare_losses", "compare two runs' losses step by step"),
+    "data": ("meshforge.data.cli", "data prepare INPUT... --out DIR: token shards + manifest; data info DIR"),
+    "generate": ("meshforge.tools.generate", "sample text from a checkpoint (--checkpoint DIR --prompt TEXT)"),
     "convert": ("meshforge.checkpoint.hf", "from-hf / to-hf: Hugging Face safetensors <-> meshforge checkpoints"),
 }
 
