@@ -10,15 +10,13 @@ import pytest
 import torch
 
 from meshforge.config.schema import Training
-from meshforge.data.loader import (
-    PackedDataLoader,
-    build_dataloader,
-    cache_dir,
-    epoch_order,
-    load_tokens,
-    pack_documents,
-)
+from meshforge.data.corpus import prepared_root
+from meshforge.data.loader import ArrayStream, PackedDataLoader, build_dataloader, document_positions
+from meshforge.data.order import epoch_order, feistel_permute, order_key
+from meshforge.data.prepare import encode_packed
 from meshforge.data.tokenizer import REPO_ROOT, Tokenizer, build_tokenizer
+
+TOKENIZER = str(REPO_ROOT / "data" / "tokenizer" / "austen-bpe-2048.json")
 
 SEQ = 7
 
@@ -30,7 +28,7 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return build_tokenizer(str(REPO_ROOT / "data" / "tokenizer" / "austen-bpe-2048.json"))
+    return build_tokenizer(TOKENIZER)
 
 
 def _tokens(num_samples: int) -> np.ndarray:
@@ -53,8 +51,8 @@ def _step(loaders: list[PackedDataLoader]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_packing_and_shifted_labels(tokenizer: Tokenizer) -> None:
     docs = tokenizer.encode_batch(["Emma Woodhouse, handsome.", "Anne Elliot"])
-    packed = pack_documents(docs, tokenizer.bos_id, tokenizer.eos_id)
-    assert packed.dtype == np.int32
+    packed, lengths = encode_packed(tokenizer, ["Emma Woodhouse, handsome.", "Anne Elliot"], np.dtype(np.uint16))
+    assert packed.dtype == np.uint16 and lengths.tolist() == [len(docs[0]) + 2, len(docs[1]) + 2]
     assert packed.tolist() == [0, *docs[0], 1, 0, *docs[1], 1]
     loader = PackedDataLoader(packed, seq_len=4, local_batch_size=2, dp_rank=0, dp_degree=1, seed=0, shuffle=False)
     inputs, labels = loader.next_batch()
@@ -75,7 +73,7 @@ def test_samples_are_windows_of_the_stream() -> None:
 
 def test_epoch_order_is_a_seeded_permutation() -> None:
     first = epoch_order(50, seed=1, epoch=0)
-    assert sorted(first.tolist()) == list(range(50))
+    assert sorted(first.tolist()) == list(range(50)) and first.tolist() != list(range(50))
     assert np.array_equal(first, epoch_order(50, seed=1, epoch=0))
     assert not np.array_equal(first, epoch_order(50, seed=1, epoch=1))
     assert not np.array_equal(first, epoch_order(50, seed=2, epoch=0))
@@ -145,7 +143,7 @@ def test_resharding_4_to_2_neither_repeats_nor_skips() -> None:
     consumed = 5 * 4 * 2 + 7 * 2 * 3
     assert sorted(seen_positions) == list(range(consumed))
     assert len(set(seen_ids)) == consumed  # all within epoch 0: distinct samples
-    assert sorted(seen_ids) == sorted(epoch_order(200, seed=3, epoch=0)[:consumed].tolist())
+    assert sorted(seen_ids) == sorted(epoch_order(200, seed=3, epoch=0, stream=0)[:consumed].tolist())
 
 
 def test_state_from_another_dataset_is_refused() -> None:
@@ -156,63 +154,103 @@ def test_state_from_another_dataset_is_refused() -> None:
         _loaders(_tokens(30), 1, 2, seed=4)[0].load_state_dict(state)
 
 
+def test_feistel_is_a_permutation_of_any_size() -> None:
+    for n in (1, 2, 3, 7, 64, 1000, 12_345):
+        image = feistel_permute(np.arange(n), n, order_key(5, 0))
+        assert sorted(image.tolist()) == list(range(n))
+    big = 10**12  # no array over the domain: a few positions of a huge corpus cost nothing
+    some = feistel_permute(np.arange(5), big, order_key(1, 2))
+    assert len(set(some.tolist())) == 5 and (some < big).all() and some.max() > 10**9
+
+
+def test_order_key_separates_seed_epoch_and_stream() -> None:
+    keys = {order_key(s, e, d) for s in range(3) for e in range(3) for d in range(3)}
+    assert len(keys) == 27
+
+
+def test_document_positions_restart_at_each_start() -> None:
+    assert document_positions(np.array([0, 3]), 6).tolist() == [0, 1, 2, 0, 1, 2]
+    assert document_positions(np.array([2, 5]), 7).tolist() == [0, 1, 0, 1, 2, 0, 1]
+    assert document_positions(np.zeros(0, dtype=np.int64), 4).tolist() == [0, 1, 2, 3]
+    stream = ArrayStream(np.arange(20), doc_starts=np.array([0, 5, 13]))
+    loader = PackedDataLoader(
+        stream, seq_len=9, local_batch_size=2, dp_rank=0, dp_degree=1, seed=0, shuffle=False, with_positions=True
+    )
+    loader.next_batch()
+    assert loader.positions().tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3], [0, 1, 2, 3, 0, 1, 2, 3, 4]]
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="seq_len"):
         PackedDataLoader(np.arange(8, dtype=np.int32), seq_len=8, local_batch_size=1, dp_rank=0, dp_degree=1, seed=0)
     with pytest.raises(ValueError, match="dp_rank"):
         PackedDataLoader(_tokens(4), seq_len=SEQ, local_batch_size=1, dp_rank=2, dp_degree=2, seed=0)
+    cfg = Training()
     with pytest.raises(ValueError, match="split"):
-        load_tokens("austen", "", None, split="test")  # type: ignore[arg-type]
+        build_dataloader(cfg, TOKENIZER, "", dp_rank=0, dp_degree=1, split="test")
     with pytest.raises(ValueError, match="dataset"):
-        load_tokens("wikipedia", "", None)  # type: ignore[arg-type]
+        build_dataloader(Training(dataset="wikipedia"), TOKENIZER, "", dp_rank=0, dp_degree=1)
 
 
-def test_austen_train_and_val(tokenizer: Tokenizer) -> None:
-    train, val = load_tokens("austen", "", tokenizer), load_tokens("austen", "", tokenizer, split="val")
-    assert 900_000 < len(train) < 1_200_000 and 100_000 < len(val) < 200_000
-    assert train.dtype == val.dtype == np.int32 and int(train.max()) < tokenizer.vocab_size
-    assert (train == tokenizer.bos_id).sum() == 5 and (val == tokenizer.bos_id).sum() == 1
-    assert tokenizer.decode(val[1:20].tolist()).startswith("Persuasion")
+def test_austen_is_prepared_once_and_memory_mapped(tokenizer: Tokenizer) -> None:
     cfg = Training(seq_len=64, local_batch_size=2)
-    train_x, _ = build_dataloader(cfg, tokenizer, dp_rank=0, dp_degree=1).next_batch()
-    val_x, _ = build_dataloader(cfg, tokenizer, dp_rank=0, dp_degree=1, split="val").next_batch()
-    assert not torch.equal(train_x, val_x)
-    assert len(list(cache_dir().glob("*.npy"))) == 2 and not list(cache_dir().glob("*.tmp"))
+    train = build_dataloader(cfg, TOKENIZER, tokenizer.fingerprint, dp_rank=0, dp_degree=1)
+    val = build_dataloader(cfg, TOKENIZER, tokenizer.fingerprint, dp_rank=0, dp_degree=1, split="val")
+    (folder,) = [p for p in prepared_root().iterdir() if p.is_dir()]
+    train_stream, val_stream = train.streams[0], val.streams[0]
+    assert 900_000 < train_stream.num_tokens < 1_200_000 and 100_000 < val_stream.num_tokens < 200_000
+    assert isinstance(train_stream.read(0, 4), np.ndarray)
+    assert train_stream._shard(0).__class__ is np.memmap  # type: ignore[attr-defined]
+    assert train_stream.num_documents == 5 and val_stream.num_documents == 1  # type: ignore[attr-defined]
+    assert tokenizer.decode(val_stream.read(1, 20).tolist()).startswith("Persuasion")
+    train_x, _ = train.next_batch()
+    val_x, _ = val.next_batch()
+    assert not torch.equal(train_x, val_x) and int(train_x.max()) < tokenizer.vocab_size
+    mtime = (folder / "manifest.json").stat().st_mtime_ns
+    build_dataloader(cfg, TOKENIZER, tokenizer.fingerprint, dp_rank=1, dp_degree=2)  # cached: not prepared again
+    assert (folder / "manifest.json").stat().st_mtime_ns == mtime
+    assert not [p for p in prepared_root().iterdir() if ".tmp" in p.name]
+    with pytest.raises(ValueError, match="another tokenizer"):
+        build_dataloader(cfg, TOKENIZER, "0" * 64, dp_rank=0, dp_degree=1)
 
 
 def test_text_corpus_splits_and_cache(tokenizer: Tokenizer, tmp_path: Path) -> None:
     folder = tmp_path / "corpus"
     folder.mkdir()
-    (folder / "a.txt").write_text("The first document. " * 40)
-    (folder / "b.txt").write_text("The second document! " * 40)
-    whole = load_tokens("text", str(folder), tokenizer)
-    val = load_tokens("text", str(folder), tokenizer, split="val")
-    assert (whole == tokenizer.bos_id).sum() == 2 and 0 < len(val) < len(whole) / 10
+    for i in range(40):
+        (folder / f"d{i:02d}.txt").write_text(f"Document number {i}. " * 20)
+    cfg = Training(seq_len=16, local_batch_size=4, dataset="text", dataset_path=str(folder))
+    train = build_dataloader(cfg, TOKENIZER, tokenizer.fingerprint, dp_rank=0, dp_degree=1)
+    val = build_dataloader(cfg, TOKENIZER, tokenizer.fingerprint, dp_rank=0, dp_degree=1, split="val")
+    assert train.streams[0].num_documents + val.streams[0].num_documents == 40  # type: ignore[attr-defined]
+    assert 1 <= val.streams[0].num_documents <= 4  # type: ignore[attr-defined]  # 5 % of the documents
     (folder / "val").mkdir()
     (folder / "val" / "c.txt").write_text("Held out. " * 30)
-    assert load_tokens("text", str(folder), tokenizer, split="val").tolist() == [
-        tokenizer.bos_id,
-        *tokenizer.encode("Held out. " * 30),
-        tokenizer.eos_id,
-    ]
-    assert len(load_tokens("text", str(folder), tokenizer)) == len(whole) + len(val)  # no 5% cut any more
-    (folder / "a.txt").write_text("Changed. " * 40)  # new contents: the cache must not serve the old tokens
-    assert len(load_tokens("text", str(folder), tokenizer)) < len(whole)
+    val = build_dataloader(cfg, TOKENIZER, tokenizer.fingerprint, dp_rank=0, dp_degree=1, split="val")
+    stream = val.streams[0]
+    assert stream.read(0, stream.num_tokens).tolist() == [tokenizer.bos_id, *tokenizer.encode("Held out. " * 30), 1]
+    (folder / "d00.txt").write_text("Changed. " * 400)  # new contents: the cache must not serve the old tokens
+    again = build_dataloader(cfg, TOKENIZER, tokenizer.fingerprint, dp_rank=0, dp_degree=1)
+    assert again.streams[0].num_tokens > train.streams[0].num_tokens
 
 
 def test_single_file_dataloader(tokenizer: Tokenizer, tmp_path: Path) -> None:
     path = tmp_path / "one.txt"
     path.write_text("A short text. " * 100)
     cfg = Training(seq_len=16, local_batch_size=4, dataset="text", dataset_path=str(path))
-    inputs, labels = build_dataloader(cfg, tokenizer, dp_rank=1, dp_degree=2).next_batch()
+    inputs, labels = build_dataloader(cfg, TOKENIZER, tokenizer.fingerprint, dp_rank=1, dp_degree=2).next_batch()
     assert inputs.shape == (4, 16) and torch.equal(labels[:, :-1], inputs[:, 1:])
     with pytest.raises(ValueError, match="seq_len"):
         build_dataloader(
-            Training(seq_len=10_000, dataset="text", dataset_path=str(path)), tokenizer, dp_rank=0, dp_degree=1
+            Training(seq_len=10_000, dataset="text", dataset_path=str(path)),
+            TOKENIZER,
+            tokenizer.fingerprint,
+            dp_rank=0,
+            dp_degree=1,
         )
 
 
 def test_hub_dataset_without_datasets_package(tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "datasets", None)  # import fails as if not installed; nothing touches the network
     with pytest.raises(ValueError, match="datasets"):
-        load_tokens("c4", "", tokenizer)
+        build_dataloader(Training(dataset="c4"), TOKENIZER, tokenizer.fingerprint, dp_rank=0, dp_degree=1)

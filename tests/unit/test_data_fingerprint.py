@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from meshforge.data.fingerprint import cached_digest
-from meshforge.data.loader import file_digest
+from meshforge.data.shards import file_sha256 as file_digest
 
 
 def test_digest_is_computed_once_per_file_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,9 +49,14 @@ class Training:
     deterministic: bool = False
     """Use deterministic algorithms: same seed + same layout gives bitwise-identical losses."""
     dataset: str = "austen"
-    """austen (shipped, offline), text (local .txt/.txt.gz file or folder: dataset_path), c4 / hf:<name> (network)."""
+    """austen (shipped, offline), text (local file or folder: dataset_path), prepared (`meshforge data prepare`
+    folder(s): dataset_path), c4 / hf:<name> (network). austen and text are prepared once into the cache."""
     dataset_path: str = ""
-    """Path for dataset=text, or a local copy of a hub dataset."""
+    """Path for dataset=text; for dataset=prepared a folder or a mixture DIR:weight,DIR:weight."""
+    dataset_mixture: list[str] = field(default_factory=list)
+    """Prepared folders with weights, ["DIR:0.7", "DIR:0.3"] (overrides dataset and dataset_path)."""
+    document_mask: bool = False
+    """Attention stays within each packed document and RoPE positions restart at each document start."""
     mixed_precision_param: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
     """Dtype of parameters in forward/backward (FSDP2 MixedPrecisionPolicy, or autocast without FSDP). auto: bfloat16
     on CUDA; on a CPU the faster of float32 and bfloat16 by the cached matmul probe (stated in the start-up banner)."""
@@ -71,6 +76,8 @@ class Training:
             raise ConfigError(f"training.max_norm = {self.max_norm} must be >= 0 (0 disables clipping)")
         if self.dataset == "text" and not self.dataset_path:
             raise ConfigError("training.dataset = 'text' needs training.dataset_path (a .txt file or folder)")
+        if self.dataset == "prepared" and not (self.dataset_path or self.dataset_mixture):
+            raise ConfigError("training.dataset = 'prepared' needs training.dataset_path (DIR or DIR:weight,DIR:weight)")
 
 
 @dataclass

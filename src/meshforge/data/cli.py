@@ -18,7 +18,9 @@ def parser() -> argparse.ArgumentParser:
     p = commands.add_parser("prepare", help="tokenize inputs into token shards with a held-out split")
     p.add_argument("inputs", nargs="+", help=".txt/.txt.gz files or folders, .jsonl(.gz), .parquet, hf:<dataset id>")
     p.add_argument("--out", required=True, help="output folder (must not already hold a prepared dataset)")
-    p.add_argument("--tokenizer", default=PrepareOptions.tokenizer_path, help="tokenizer.json, tiktoken file, hf:<repo>")
+    p.add_argument(
+        "--tokenizer", default=PrepareOptions.tokenizer_path, help="tokenizer.json, tiktoken file, hf:<repo>"
+    )
     p.add_argument("--workers", type=int, default=1, help="tokenizer processes (1: in this process)")
     p.add_argument("--text-field", default="text", help="field of .jsonl / .parquet / hub rows holding the text")
     held = p.add_mutually_exclusive_group()
@@ -39,7 +41,9 @@ def main(argv: list[str]) -> int:
             manifest = shards.read_manifest(Path(args.folder))
             print(json.dumps({k: manifest[k] for k in ("tokenizer", "dtype", "sources", "stats") if k in manifest}))
             for split, info in manifest["splits"].items():
-                print(f"{split}: {info['documents']:,} documents, {info['tokens']:,} tokens, {len(info['shards'])} shards")
+                print(
+                    f"{split}: {info['documents']:,} documents, {info['tokens']:,} tokens, {len(info['shards'])} shards"
+                )
             return 0
         fraction = args.val_fraction if args.val_fraction is not None else (0.0 if args.val_docs else 0.01)
         options = PrepareOptions(

@@ -1,264 +1,79 @@
-"""Pre-training data: tokenize documents, pack them into one token stream, and serve data-parallel batches.
+"""Pre-training batches: packed samples of one or several token streams, in a global order that reshards.
 
-Packing is concat-then-split: each document becomes ``bos + tokens + eos``, all documents are concatenated into one
-int32 array, and sample ``i`` is the window ``tokens[i*seq_len : i*seq_len + seq_len + 1]`` (inputs = the first
-``seq_len`` tokens, labels = the same window shifted by one). Samples are visited in a per-epoch order that depends on
-(seed, epoch) only. The loader's state is the *global* position in that order, so the batches of N data-parallel
-ranks with local batch b are, call for call, exactly the batches of one rank with local batch N*b, and a checkpoint
-taken under one data-parallel degree resumes under another without repeating or skipping a sample.
-
-Tokenized corpora are cached under ``$MESHFORGE_CACHE/tokens`` (default ``~/.cache/meshforge/tokens``), keyed by the
-tokenizer and the corpus contents.
+Packing is concat-then-split: every document is ``bos + tokens + eos`` in one token stream (a prepared dataset's
+memory-mapped shards, `shards.PreparedSplit`, or an in-memory array), and sample ``i`` of a stream is the window
+``tokens[i*seq_len : i*seq_len + seq_len + 1]`` (inputs = the first ``seq_len`` tokens, labels = the same window shifted
+by one). Global position p of the run names one sample: a mixture gives p to a stream (`order.mixture_assign`), and the
+stream's running index k is sample ``feistel_permute(k mod n, n, key(seed, epoch, stream))`` of epoch ``k // n``; no
+array over the corpus is ever built. The loader's state is the global position (plus each stream's count), identical
+on every rank, so the batches of N data-parallel ranks with local batch b are, call for call, exactly those of one
+rank with local batch N*b, and a checkpoint taken under one data-parallel degree resumes under another.
 """
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import logging
-import os
-import tempfile
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
-from meshforge.data.fingerprint import cached_digest
-from meshforge.errors import ConfigError
-from meshforge.paths import REPO_ROOT, cache_root
+from meshforge.data.corpus import dataset_folders
+from meshforge.data.order import feistel_permute, mixture_assign, normalise_weights, order_key
+from meshforge.data.shards import PreparedSplit
 
 if TYPE_CHECKING:
     from meshforge.config.schema import Training
 
-logger = logging.getLogger(__name__)
 
-AUSTEN_DIR = REPO_ROOT / "data" / "austen"
-TEXT_SUFFIXES = (".txt", ".txt.gz")
-VAL_FRACTION = 0.05
-"""Share of the tokens held out for validation when a text corpus has no val/ folder."""
-STREAM_MAX_TOKENS = 1 << 24
-"""Tokens read from a streamed hub dataset (per split)."""
-CACHE_FORMAT = "meshforge-tokens-v1"
+class TokenStream(Protocol):
+    """What the loader reads: a token stream and where its documents start."""
 
+    num_tokens: int
 
-class TokenizerLike(Protocol):
-    """What packing needs from a tokenizer (`meshforge.data.tokenizer.Tokenizer` has it)."""
+    def read(self, start: int, length: int) -> np.ndarray: ...
 
-    bos_id: int
-    eos_id: int
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+    def document_starts(self, start: int, length: int) -> np.ndarray: ...
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Corpus -> token array
-# ---------------------------------------------------------------------------------------------------------------------
+class ArrayStream:
+    """An in-memory token array as a stream (tests, small corpora); doc_starts = the documents' first offsets."""
+
+    def __init__(self, tokens: np.ndarray, doc_starts: np.ndarray | None = None) -> None:
+        self.tokens = np.asarray(tokens)
+        self.num_tokens = len(self.tokens)
+        self.doc_starts = np.zeros(1, dtype=np.int64) if doc_starts is None else np.asarray(doc_starts, np.int64)
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """Tokens [start, start + length) as int64."""
+        return np.asarray(self.tokens[start : start + length], dtype=np.int64)
+
+    def document_starts(self, start: int, length: int) -> np.ndarray:
+        """Offsets from start of the documents beginning in [start, start + length)."""
+        lo, hi = np.searchsorted(self.doc_starts, [start, start + length])
+        return self.doc_starts[lo:hi] - start
 
 
-def pack_documents(documents: Iterable[list[int]], bos_id: int, eos_id: int) -> np.ndarray:
-    """Concatenate ``bos + doc + eos`` for every document into one int32 array."""
-    pieces = [np.asarray([bos_id, *doc, eos_id], dtype=np.int32) for doc in documents]
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-
-
-def cache_dir() -> Path:
-    """Folder of cached token arrays: ``$MESHFORGE_CACHE/tokens`` or ``~/.cache/meshforge/tokens``."""
-    return cache_root() / "tokens"
-
-
-def cached_tokens(key_parts: list[str], tokenizer: TokenizerLike, build: Callable[[], np.ndarray]) -> np.ndarray:
-    """The array ``build()`` returns, cached on disk under a hash of key_parts and the tokenizer's fingerprint.
-
-    A tokenizer without a ``fingerprint`` attribute is never cached. Writes go to a temporary file and are renamed
-    into place, so ranks that start together never read a partial file.
-    """
-    fingerprint = getattr(tokenizer, "fingerprint", None)
-    if not fingerprint:
-        return build()
-    key = hashlib.sha256("\0".join([CACHE_FORMAT, fingerprint, *key_parts]).encode()).hexdigest()
-    path = cache_dir() / f"{key}.npy"
-    if path.is_file():
-        try:
-            return np.load(path, mmap_mode="r")
-        except (OSError, ValueError) as error:
-            logger.warning("ignoring unreadable token cache %s (%s)", path, error)
-    tokens = build()
-    _atomic_save(path, tokens)
-    return tokens
-
-
-def _atomic_save(path: Path, array: np.ndarray) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp", delete=False) as f:
-            np.save(f, array)
-        os.chmod(f.name, 0o644)
-        os.replace(f.name, path)
-    except OSError as error:
-        logger.warning("could not write the token cache %s (%s); continuing without it", path, error)
-
-
-def read_text(path: Path) -> str:
-    """A .txt or .txt.gz file as text (UTF-8; undecodable bytes become U+FFFD)."""
-    data = path.read_bytes()
-    if path.name.endswith(".gz"):
-        data = gzip.decompress(data)
-    return data.decode("utf-8", errors="replace")
-
-
-def text_files(folder: Path) -> list[Path]:
-    """The *.txt and *.txt.gz files directly inside folder, sorted by name."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(TEXT_SUFFIXES))
-
-
-def split_files(root: Path, split: str) -> tuple[list[Path], str]:
-    """The files of a split of a text corpus, and how to cut their tokens: 'all', 'head' or 'tail'.
-
-    A folder with a non-empty ``val/`` subfolder: train = its top-level files, val = the files in ``val/``. Any other
-    folder or a single file: both splits read the same files; train takes the first 95% of the tokens, val the rest.
-    """
-    if root.is_file():
-        return [root], "head" if split == "train" else "tail"
-    if not root.is_dir():
-        raise ConfigError(f"text dataset path {str(root)!r} is neither a file nor a folder: set training.dataset_path")
-    val_dir = root / "val"
-    val_files = text_files(val_dir) if val_dir.is_dir() else []
-    files = text_files(root)
-    if val_files:
-        return (files, "all") if split == "train" else (val_files, "all")
-    if not files:
-        raise ConfigError(f"no *.txt or *.txt.gz files in {str(root)!r}: set training.dataset_path")
-    return files, "head" if split == "train" else "tail"
-
-
-def cut(tokens: np.ndarray, part: str) -> np.ndarray:
-    """All tokens, the first (1 - VAL_FRACTION) of them ('head') or the rest ('tail')."""
-    if part == "all":
-        return tokens
-    boundary = len(tokens) - max(1, int(len(tokens) * VAL_FRACTION))
-    return tokens[:boundary] if part == "head" else tokens[boundary:]
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def load_text_corpus(root: Path, tokenizer: TokenizerLike, split: str) -> np.ndarray:
-    """Tokens of a split of a local text corpus (one document per file), cached."""
-    files, part = split_files(root, split)
-    key = [f"{path.name}:{cached_digest(path, file_digest)}" for path in files]  # hashed once per file version
-
-    def build() -> np.ndarray:
-        logger.info("tokenizing %d file(s) from %s", len(files), root)
-        documents = tokenizer.encode_batch([read_text(path) for path in files])
-        return pack_documents(documents, tokenizer.bos_id, tokenizer.eos_id)
-
-    return cut(cached_tokens(key, tokenizer, build), part)
-
-
-def load_hub_corpus(name: str, dataset_path: str, tokenizer: TokenizerLike, split: str) -> np.ndarray:
-    """The first STREAM_MAX_TOKENS tokens of a streamed hub dataset ('c4' or a repo id; network), cached."""
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError(
-            f"dataset {name!r} needs the `datasets` package: pip install -e '.[hub]' (or use dataset = 'austen'/'text')"
-        ) from None
-    repo, config = ("allenai/c4", "en") if name == "c4" else (name, None)
-    source = dataset_path or repo
-    hub_split = "train" if split == "train" else "validation"
-
-    def build() -> np.ndarray:
-        try:
-            stream = datasets.load_dataset(source, config, split=hub_split, streaming=True)
-        except Exception as error:
-            raise ConfigError(f"could not open dataset {source!r} split {hub_split!r}: {error}") from None
-        return pack_documents(_stream_documents(stream, tokenizer), tokenizer.bos_id, tokenizer.eos_id)
-
-    return cached_tokens([f"hub:{source}:{config}:{hub_split}:{STREAM_MAX_TOKENS}"], tokenizer, build)
-
-
-def _stream_documents(stream: Iterable[dict[str, object]], tokenizer: TokenizerLike) -> list[list[int]]:
-    """Token lists of the stream's 'text' fields, read 256 at a time until STREAM_MAX_TOKENS are collected."""
-    documents: list[list[int]] = []
-    total, batch = 0, []
-    for row in stream:
-        if "text" not in row:
-            raise ConfigError(f"dataset rows have no 'text' field (fields: {sorted(row)})")
-        batch.append(str(row["text"]))
-        if len(batch) == 256:
-            documents += tokenizer.encode_batch(batch)
-            total, batch = sum(len(d) + 2 for d in documents), []
-            if total >= STREAM_MAX_TOKENS:
-                return documents
-    return documents + (tokenizer.encode_batch(batch) if batch else [])
-
-
-def load_tokens(dataset: str, dataset_path: str, tokenizer: TokenizerLike, split: str = "train") -> np.ndarray:
-    """The packed int32 token array of a dataset split ('train' or 'val').
-
-    dataset: ``austen`` (shipped: data/austen, or dataset_path), ``text`` (dataset_path: a .txt/.txt.gz file or a
-    folder of them, see `split_files`), ``c4`` or ``hf:<name>`` (streamed with `datasets`; needs network, or
-    dataset_path pointing at a local copy).
-    """
-    split = {"validation": "val"}.get(split, split)
-    if split not in ("train", "val"):
-        raise ConfigError(f"unknown split {split!r}: use 'train' or 'val'")
-    if dataset == "austen":
-        root = _resolve(dataset_path) if dataset_path else AUSTEN_DIR
-        return load_text_corpus(root, tokenizer, split)
-    if dataset == "text":
-        if not dataset_path:
-            raise ConfigError("dataset 'text' needs training.dataset_path (a .txt/.txt.gz file or a folder)")
-        return load_text_corpus(_resolve(dataset_path), tokenizer, split)
-    if dataset == "c4" or dataset.startswith("hf:"):
-        return load_hub_corpus(dataset.removeprefix("hf:"), dataset_path, tokenizer, split)
-    raise ConfigError(f"unknown training.dataset {dataset!r}: use austen, text, c4 or hf:<name>")
-
-
-def _resolve(path: str) -> Path:
-    """path from the CWD, else from the repository root."""
-    candidate = Path(path).expanduser()
-    if candidate.exists() or candidate.is_absolute() or not (REPO_ROOT / candidate).exists():
-        return candidate
-    return REPO_ROOT / candidate
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Token array -> batches
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The sample order of an epoch: a permutation drawn from (seed, epoch) only, or the identity without shuffle.
-
-    Uses the raw PCG64 stream (stable across NumPy versions) and a stable argsort, so the order never changes.
-    """
-    if not shuffle:
-        return np.arange(num_samples, dtype=np.int64)
-    seed_sequence = np.random.SeedSequence([seed & 0xFFFF_FFFF_FFFF_FFFF, epoch])
-    keys = np.random.PCG64(seed_sequence).random_raw(num_samples)
-    return np.argsort(keys, kind="stable").astype(np.int64)
+def document_positions(starts: np.ndarray, seq_len: int) -> np.ndarray:
+    """Each token's position within its document (restarting at 0 at every start; the window's first token is 0)."""
+    index = np.arange(seq_len, dtype=np.int64)
+    marks = np.zeros(seq_len, dtype=np.int64)
+    marks[starts[(starts > 0) & (starts < seq_len)]] = 1
+    segment_start = np.maximum.accumulate(np.where(marks == 1, index, 0))
+    return index - segment_start
 
 
 class PackedDataLoader:
     """Batches of packed samples for one data-parallel rank, in a globally consistent order.
 
     On its k-th `next_batch` call, rank r of N with local batch b returns the samples at global positions
-    ``[g + r*b, g + (r+1)*b)`` with ``g = k*N*b`` (positions continue across epochs; epoch e = position // num_samples
-    uses `epoch_order`). The state (`state_dict`) is that global position, identical on every rank.
+    ``[g + r*b, g + (r+1)*b)`` with ``g = k*N*b``. ``sources`` is one stream (or array) or several mixed by
+    ``weights``. With ``with_positions``, `positions` gives the last batch's in-document token positions.
     """
 
     def __init__(
         self,
-        tokens: np.ndarray,
+        sources: np.ndarray | TokenStream | list[TokenStream],
         *,
         seq_len: int,
         local_batch_size: int,
@@ -266,6 +81,8 @@ class PackedDataLoader:
         dp_degree: int,
         seed: int,
         shuffle: bool = True,
+        weights: list[float] | None = None,
+        with_positions: bool = False,
     ) -> None:
         if seq_len < 1 or local_batch_size < 1 or dp_degree < 1:
             raise ValueError(
@@ -273,58 +90,100 @@ class PackedDataLoader:
             )
         if not 0 <= dp_rank < dp_degree:
             raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_degree={dp_degree})")
-        if tokens.ndim != 1 or len(tokens) < seq_len + 1:
-            raise ConfigError(
-                f"the dataset has {len(tokens)} tokens, fewer than one sample needs (seq_len + 1 = {seq_len + 1}): "
-                "lower training.seq_len or use more data"
-            )
-        self.tokens = tokens
+        if isinstance(sources, np.ndarray):
+            if sources.ndim != 1:
+                raise ValueError("a token array must be one-dimensional")
+            sources = ArrayStream(sources)
+        self.streams: list[TokenStream] = list(sources) if isinstance(sources, list) else [sources]
+        for stream in self.streams:
+            if stream.num_tokens < seq_len + 1:
+                raise ValueError(
+                    f"the dataset has {stream.num_tokens} tokens, fewer than one sample needs (seq_len + 1 = "
+                    f"{seq_len + 1}): lower training.seq_len or use more data"
+                )
+        self.shares = normalise_weights(weights or [1.0] * len(self.streams))
+        if len(self.shares) != len(self.streams):
+            raise ValueError(f"{len(self.shares)} weights for {len(self.streams)} datasets")
         self.seq_len, self.local_batch_size = seq_len, local_batch_size
         self.dp_rank, self.dp_degree = dp_rank, dp_degree
-        self.seed, self.shuffle = seed, shuffle
-        self.num_samples = (len(tokens) - 1) // seq_len
-        self.global_position = 0
-        self._orders: dict[int, np.ndarray] = {}
-        self._last_ids = np.zeros(0, dtype=np.int64)
-        self._last_positions = np.zeros(0, dtype=np.int64)
+        self.seed, self.shuffle, self.with_positions = seed, shuffle, with_positions
+        self.sizes = [(s.num_tokens - 1) // seq_len for s in self.streams]
+        self.num_samples = sum(self.sizes)
+        self.counts = np.zeros(len(self.streams), dtype=np.int64)
+        self._last = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._positions: torch.Tensor | None = None
+
+    @property
+    def global_position(self) -> int:
+        """Samples consumed globally (all ranks together)."""
+        return int(self.counts.sum())
 
     @property
     def epoch(self) -> int:
-        """Epoch of the next sample to be consumed globally."""
-        return self.global_position // self.num_samples
+        """Epoch of the next sample to be consumed globally (of the first stream, in a mixture)."""
+        return int(self.counts[0]) // self.sizes[0]
 
-    def _order(self, epoch: int) -> np.ndarray:
-        if epoch not in self._orders:
-            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            self._orders[epoch] = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
-        return self._orders[epoch]
+    def _sample(self, stream: int, index: int) -> int:
+        n = self.sizes[stream]
+        epoch, offset = divmod(index, n)
+        if not self.shuffle:
+            return offset
+        return int(feistel_permute(np.asarray([offset]), n, order_key(self.seed, epoch, stream))[0])
 
-    def _ids_at(self, positions: np.ndarray) -> np.ndarray:
-        epochs, offsets = np.divmod(positions, self.num_samples)
-        return np.array([self._order(int(e))[o] for e, o in zip(epochs, offsets, strict=True)], dtype=np.int64)
+    def _assign(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.streams) == 1:
+            return np.zeros(n, dtype=np.int64), self.counts[0] + np.arange(n, dtype=np.int64)
+        return mixture_assign(self.shares, self.counts, n)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's next (inputs, labels), int64 tensors of shape (local_batch_size, seq_len)."""
-        b = self.local_batch_size
-        start = self.global_position + self.dp_rank * b
-        positions = np.arange(start, start + b, dtype=np.int64)
-        ids = self._ids_at(positions)
-        windows = np.asarray(self.tokens[ids[:, None] * self.seq_len + np.arange(self.seq_len + 1)], dtype=np.int64)
-        self._last_ids, self._last_positions = ids, positions
-        self.global_position += self.dp_degree * b
+        b, total = self.local_batch_size, self.dp_degree * self.local_batch_size
+        streams, indices = self._assign(total)
+        mine = slice(self.dp_rank * b, (self.dp_rank + 1) * b)
+        ids = np.asarray([self._sample(int(s), int(i)) for s, i in zip(streams[mine], indices[mine], strict=True)])
+        windows = np.stack(
+            [
+                self.streams[int(s)].read(int(i) * self.seq_len, self.seq_len + 1)
+                for s, i in zip(streams[mine], ids, strict=True)
+            ]
+        )
+        if self.with_positions:
+            positions = [
+                document_positions(
+                    self.streams[int(s)].document_starts(int(i) * self.seq_len, self.seq_len), self.seq_len
+                )
+                for s, i in zip(streams[mine], ids, strict=True)
+            ]
+            self._positions = torch.from_numpy(np.stack(positions))
+        position = self.global_position
+        self._last = (ids, streams[mine], np.arange(position, position + total, dtype=np.int64)[mine])
+        self.counts += np.bincount(streams, minlength=len(self.streams))
         return torch.from_numpy(windows[:, :-1].copy()), torch.from_numpy(windows[:, 1:].copy())
 
+    def positions(self) -> torch.Tensor:
+        """In-document positions (local_batch_size, seq_len) of the last batch (needs with_positions)."""
+        assert self._positions is not None, "build the loader with with_positions=True"
+        return self._positions
+
     def sample_ids(self) -> list[int]:
-        """Sample indices (sample i = token window starting at i*seq_len) of the last batch, in batch order."""
-        return [int(i) for i in self._last_ids]
+        """Sample indices within their stream (sample i = token window at i*seq_len) of the last batch."""
+        return [int(i) for i in self._last[0]]
+
+    def sample_sources(self) -> list[int]:
+        """The stream (mixture member) of each sample of the last batch."""
+        return [int(s) for s in self._last[1]]
 
     def sample_positions(self) -> list[int]:
         """Global positions (samples consumed globally before each one, across epochs) of the last batch."""
-        return [int(p) for p in self._last_positions]
+        return [int(p) for p in self._last[2]]
+
+    def reset(self) -> None:
+        """Back to global position 0 (validation replays the same batches each time)."""
+        self.counts[:] = 0
 
     def state_dict(self) -> dict[str, int]:
         """The global position plus what must match on reload (identical on every data-parallel rank)."""
-        return {
+        state = {
             "global_position": self.global_position,
             "epoch": self.epoch,
             "num_samples": self.num_samples,
@@ -332,31 +191,65 @@ class PackedDataLoader:
             "seed": self.seed,
             "shuffle": int(self.shuffle),
         }
+        if len(self.streams) > 1:
+            for d, (count, size, share) in enumerate(zip(self.counts, self.sizes, self.shares, strict=True)):
+                state |= {f"source{d}_count": int(count), f"source{d}_samples": size}
+                state[f"source{d}_share_ppm"] = round(float(share) * 1e6)
+        return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a saved global position; any data-parallel degree or local batch size may load it."""
-        expected = {"num_samples": self.num_samples, "seq_len": self.seq_len, "seed": self.seed}
-        expected["shuffle"] = int(self.shuffle)
+        expected = {k: v for k, v in self.state_dict().items() if k not in ("global_position", "epoch")}
+        expected = {k: v for k, v in expected.items() if not k.endswith("_count")}
         changed = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
         if changed or "global_position" not in state:
             detail = ", ".join(f"{k}: saved {old} now {new}" for k, (old, new) in changed.items()) or "no position"
-            raise ConfigError(
-                f"data loader state does not match this dataset/config ({detail}); the order would differ"
-            )
-        self.global_position = int(state["global_position"])
+            raise ValueError(f"data loader state does not match this dataset/config ({detail}); the order would differ")
+        if len(self.streams) == 1:
+            self.counts[0] = int(state["global_position"])
+        else:
+            self.counts[:] = [int(state[f"source{d}_count"]) for d in range(len(self.streams))]
+
+
+def open_splits(cfg: Training, tokenizer_path: str, split: str) -> tuple[list[PreparedSplit], list[float]]:
+    """The memory-mapped streams and weights of cfg's dataset split ('train' or 'val')."""
+    folders = dataset_folders(cfg.dataset, cfg.dataset_path, cfg.dataset_mixture, tokenizer_path)
+    return [PreparedSplit(Path(folder), split) for folder, _ in folders], [w for _, w in folders]
 
 
 def build_dataloader(
-    cfg: Training, tokenizer: TokenizerLike, *, dp_rank: int, dp_degree: int, split: str = "train"
+    cfg: Training,
+    tokenizer_path: str,
+    fingerprint: str,
+    *,
+    dp_rank: int,
+    dp_degree: int,
+    split: str = "train",
+    local_batch_size: int = 0,
 ) -> PackedDataLoader:
-    """The loader of a data-parallel rank for cfg's dataset; the train split is shuffled, the val split is not."""
-    tokens = load_tokens(cfg.dataset, cfg.dataset_path, tokenizer, split)
+    """The loader of a data-parallel rank for cfg's dataset; the train split is shuffled, the val split is not.
+
+    fingerprint: the model's tokenizer's; a dataset prepared with another tokenizer is refused.
+    """
+    if split not in ("train", "val"):
+        raise ValueError(f"unknown split {split!r}: use 'train' or 'val'")
+    streams, weights = open_splits(cfg, tokenizer_path, split)
+    for stream in streams:
+        if stream.fingerprint != fingerprint:
+            raise ValueError(
+                f"prepared dataset {str(stream.folder)!r} was tokenized with another tokenizer than "
+                f"model.tokenizer_path: prepare it again with --tokenizer {tokenizer_path}"
+            )
+        if stream.num_tokens == 0:
+            raise ValueError(f"prepared dataset {str(stream.folder)!r} has no {split!r} tokens (--val-docs at prepare)")
     return PackedDataLoader(
-        tokens,
+        list(streams),
         seq_len=cfg.seq_len,
-        local_batch_size=cfg.local_batch_size,
+        local_batch_size=local_batch_size or cfg.local_batch_size,
         dp_rank=dp_rank,
         dp_degree=dp_degree,
         seed=cfg.seed,
         shuffle=split == "train",
+        weights=weights,
+        with_positions=cfg.document_mask,
     )

@@ -13,6 +13,7 @@ import numpy as np
 
 ROUNDS = 4
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -23,12 +24,16 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def order_key(seed: int, *parts: int) -> int:
-    """A 64-bit key from the seed and further integers (epoch, dataset index), stable across NumPy versions."""
-    key = np.uint64(seed & 0xFFFF_FFFF_FFFF_FFFF)
+    """A 64-bit key from the seed and further integers (epoch, stream index), stable across NumPy versions.
+
+    Each step ``key = mix(key * odd + part + c)`` is injective in (key, part), so distinct tuples of the same length
+    give distinct keys.
+    """
+    key = np.asarray([seed & 0xFFFF_FFFF_FFFF_FFFF], dtype=np.uint64)
     with np.errstate(over="ignore"):
-        for part in parts:
-            key = _mix(np.asarray([key ^ np.uint64(part & 0xFFFF_FFFF_FFFF_FFFF)], dtype=np.uint64))[0]
-    return int(_mix(np.asarray([key], dtype=np.uint64))[0])
+        for part in (*parts, 0):
+            key = _mix(key * _M2 + np.uint64(part & 0xFFFF_FFFF_FFFF_FFFF) + _GOLDEN)
+    return int(key[0])
 
 
 def _feistel(x: np.ndarray, half_bits: int, keys: np.ndarray) -> np.ndarray:
@@ -57,10 +62,10 @@ def feistel_permute(positions: np.ndarray, n: int, key: int) -> np.ndarray:
     return x.astype(np.int64)
 
 
-def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The whole order of one epoch as an array (tests and small corpora; the loader never materialises it)."""
+def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool = True, stream: int = 0) -> np.ndarray:
+    """The whole order of one epoch of a stream as an array (tests; the loader never materialises it)."""
     positions = np.arange(num_samples, dtype=np.int64)
-    return feistel_permute(positions, num_samples, order_key(seed, epoch)) if shuffle else positions
+    return feistel_permute(positions, num_samples, order_key(seed, epoch, stream)) if shuffle else positions
 
 
 def normalise_weights(weights: list[float]) -> np.ndarray:

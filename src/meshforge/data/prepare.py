@@ -137,7 +137,7 @@ def prepare(inputs: list[str], out: Path, options: PrepareOptions, *, progress: 
     writers = {split: shards.ShardWriter(out, split, dtype, options.shard_tokens) for split in shards.SPLITS}
     counts = {"documents": 0, "characters": 0, "tokens": 0}
     start = time.perf_counter()
-    with _progress_bar(progress) as update:
+    with ProgressLine(progress) as update:
         groups = batches(iter_documents(inputs, options.text_field), options)
         for flat, lengths, flags, chars in encoded_batches(groups, tokenizer, options, dtype):
             for document, is_val in zip(np.split(flat, np.cumsum(lengths)[:-1]), flags, strict=True):
@@ -186,11 +186,13 @@ def _manifest(
     }
 
 
-class _progress_bar:  # noqa: N801 (used as a context manager like a function)
+class ProgressLine:
     """A rich progress line with tokens, tokens/s and characters/s (nothing when disabled)."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled, self.bar, self.task, self.start, self.chars = enabled, None, None, time.perf_counter(), 0
+        self.enabled, self.start, self.chars = enabled, time.perf_counter(), 0
+        self.bar: Any = None
+        self.task: Any = None
 
     def __enter__(self) -> Any:
         if self.enabled:

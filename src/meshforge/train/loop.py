@@ -80,7 +80,9 @@ def setup(cfg: JobConfig) -> TrainState:
         cfg.parallelism, device=ctx.device, compile_enabled=cfg.compile.enable, float8=cfg.quantize.dense.float8
     )
     mesh = dims.build_mesh(ctx.device.type)
-    loader = build_dataloader(cfg.training, tokenizer, dp_rank=dims.dp_rank(ctx.rank), dp_degree=dims.dp)
+    loader = build_dataloader(
+        cfg.training, cfg.model.tokenizer_path, tokenizer.fingerprint, dp_rank=dims.dp_rank(ctx.rank), dp_degree=dims.dp
+    )
 
     model_parts, pipeline = build_model_parts(cfg, ctx, dims, mesh, model_args)
     optimizer = build_optimizer(model_parts, cfg.optimizer)
