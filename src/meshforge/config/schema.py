@@ -299,6 +299,28 @@ class Profiling:
 
 
 @dataclass
+class Validation:
+    enable: bool = False
+    """Evaluate the held-out split every freq steps (no_grad, the same batches each time)."""
+    freq: int = 10
+    """Steps between evaluations (and at the last step)."""
+    steps: int = 4
+    """Batches per evaluation."""
+    dataset: str = ""
+    """Dataset whose val split is evaluated (same names as training.dataset); empty: training.dataset."""
+    dataset_path: str = ""
+    """Path for validation.dataset (as training.dataset_path)."""
+    local_batch_size: int = -1
+    """Sequences per data-parallel rank per batch; -1: training.local_batch_size (required under pipeline parallel)."""
+
+    def validate(self) -> None:
+        _positive("validation.freq", self.freq)
+        _positive("validation.steps", self.steps)
+        if self.local_batch_size == 0 or self.local_batch_size < -1:
+            raise ValueError(f"validation.local_batch_size = {self.local_batch_size} must be >= 1 or -1")
+
+
+@dataclass
 class JobConfig:
     """The whole job: what `meshforge train` runs."""
 
@@ -315,6 +337,7 @@ class JobConfig:
     metrics: Metrics = field(default_factory=Metrics)
     comm: Comm = field(default_factory=Comm)
     profiling: Profiling = field(default_factory=Profiling)
+    validation: Validation = field(default_factory=Validation)
 
     def validate(self) -> None:
         """Check every section alone; cross-section checks (degrees vs world size, heads vs TP) live with the mesh."""
@@ -330,6 +353,7 @@ class JobConfig:
             self.checkpoint,
             self.metrics,
             self.comm,
+            self.validation,
         ):
             section.validate()
         if self.profiling.profile_freq < 1 or self.profiling.profiler_active < 1 or self.profiling.profiler_warmup < 0:

@@ -210,6 +210,8 @@ def print_record(r: dict[str, Any]) -> None:
     )
     if "bubble_pct" in r:
         line += f"  bubble {r['bubble_pct']:.1f}%"
+    if "val_loss" in r:
+        line += f"  val_loss {r['val_loss']:.4f}  val_ppl {r['val_ppl']:.2f}"
     print(line, file=sys.stdout, flush=True)
 
 

@@ -41,6 +41,7 @@ from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_
 from meshforge.parallel.parallelize import parallelize
 from meshforge.parallel.tensor_parallel import loss_parallel_context
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+from meshforge.train.validate import build_validation_loader, should_validate, validate
 
 if TYPE_CHECKING:  # imported where used: pipelining pulls in dynamo (~1 s), DCP ~0.3 s; most runs need neither
     from meshforge.checkpoint.dcp import Checkpointer
@@ -63,6 +64,7 @@ class TrainState:
     checkpointer: Checkpointer | None = None
     step: int = 0
     precision: str = ""  # how training.mixed_precision_param was chosen (the banner says it)
+    val_loader: PackedDataLoader | None = None
 
 
 def setup(cfg: JobConfig) -> TrainState:
@@ -90,6 +92,7 @@ def setup(cfg: JobConfig) -> TrainState:
     metrics = build_metrics(cfg, ctx, dims, model_args)
     state = TrainState(cfg, ctx, dims, mesh, model_args, model_parts, optimizer, scheduler, loader, metrics, pipeline)
     state.precision = precision
+    state.val_loader = build_validation_loader(cfg, dims, ctx.rank, tokenizer.fingerprint)
     state.checkpointer = build_checkpointer(cfg, ctx, dims, metrics.console)
     if state.checkpointer is not None:  # resume (or load initial weights) now that optimizer and scheduler exist
         state.checkpointer.load(state)
@@ -259,10 +262,11 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
             set_timeouts(state.mesh, cfg.comm.train_timeout_seconds)
         if state.checkpointer is not None:  # before the yield: a consumer that stops here still has its checkpoint
             state.checkpointer.maybe_save(state)
-        if should_log(state.step, cfg):
+        evaluation = validate(state, state.val_loader) if state.val_loader and should_validate(state.step, cfg) else {}
+        if should_log(state.step, cfg) or evaluation:
             lr = float(state.scheduler.get_last_lr()[0])
-            extra = state.pipeline.metrics() if state.pipeline is not None else None  # bubble (collective)
-            yield state.metrics.log(state.step, global_mean(loss, state.mesh), grad_norm, lr, extra)
+            extra = state.pipeline.metrics() if state.pipeline is not None else {}  # bubble (collective)
+            yield state.metrics.log(state.step, global_mean(loss, state.mesh), grad_norm, lr, extra | evaluation)
         if profiler is not None:  # after logging and saving: a traced step shows all of its work
             profiler.step(state.step)
 

@@ -117,6 +117,29 @@ class Pipeline:
         dist.all_reduce(total, group=self.pp_group)  # only the last stage's rank holds a non-zero loss
         return total
 
+    def evaluate(
+        self, inputs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Forward and loss only (``schedule.eval``) of a local batch; the mean loss on every pipeline rank. The
+        bubble clock is left as it was: evaluation is not a training step."""
+        batch, seq = inputs.shape
+        if positions is None:
+            positions = torch.arange(seq, device=inputs.device)
+        self.loss.scale = 1.0 / self.n_microbatches
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first else ()
+        saved = (self.clock.busy_s, self.clock.step_s, list(self.clock._events))
+        self.schedule.eval(
+            *args, target=labels if self.has_last else None, losses=losses, positions=positions.expand(batch, -1)
+        )
+        self.clock.busy_s, self.clock.step_s, self.clock._events = saved
+        total = torch.zeros((), dtype=torch.float32, device=inputs.device)
+        if self.has_last:
+            local = [loss.full_tensor() if isinstance(loss, DTensor) else loss for loss in losses]
+            total = torch.stack([loss.detach().float() for loss in local]).sum()
+        dist.all_reduce(total, group=self.pp_group)
+        return total
+
     def metrics(self) -> dict[str, float]:
         """Measured idle share per pipeline rank since the last call, their mean and max, and the theory (in %).
         Collective over the pipeline group."""
