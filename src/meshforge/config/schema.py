@@ -356,6 +356,11 @@ class JobConfig:
             self.validation,
         ):
             section.validate()
+        if self.training.document_mask and self.parallelism.context_parallel_degree > 1:
+            raise ValueError(
+                "training.document_mask with parallelism.context_parallel_degree = "
+                f"{self.parallelism.context_parallel_degree} is not supported yet: turn one of them off"
+            )
         if self.profiling.profile_freq < 1 or self.profiling.profiler_active < 1 or self.profiling.profiler_warmup < 0:
             raise ConfigError("profiling.profile_freq and profiling.profiler_active must be >= 1, profiler_warmup >= 0")
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshforge.model.document_mask import DocumentMask, build_document_mask, masked_attention
 from meshforge.model.flavors import ModelArgs
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
@@ -78,7 +79,9 @@ class CausalSDPA(nn.Module):
     Grouped-query attention is the kernel's (``enable_gqa``), never a copy of K/V per query head. A module so context
     parallel can replace it."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask = None) -> torch.Tensor:
+        if mask is not None:  # training.document_mask: block-causal within each packed document
+            return masked_attention(q, k, v, mask)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
 
 
@@ -92,7 +95,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
         self.sdpa = CausalSDPA()
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: DocumentMask = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # -1 instead of the head count: under tensor parallelism each rank holds a slice of the heads
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
@@ -100,7 +103,8 @@ class Attention(nn.Module):
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         # grouped-query attention: k and v keep their kv heads, each shared by heads / kv_heads query heads
-        out = self.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (batch, heads, seq, head_dim)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out = self.sdpa(q, k, v) if mask is None else self.sdpa(q, k, v, mask)  # (batch, heads, seq, head_dim)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -124,8 +128,9 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: DocumentMask = None) -> torch.Tensor:
+        masked = {} if mask is None else {"mask": mask}  # a keyword: TP's input plan covers (x, rope) only
+        h = x + self.attention(self.attention_norm(x), rope, **masked)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -141,17 +146,21 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.rope: torch.Tensor
         self.register_buffer("rope", rope_cache(args), persistent=False)
+        self.document_mask = False
+        """When set, (batch, seq) positions are in-document positions and attention stays within documents."""
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: ids (batch, seq) on the first stage, hidden states (batch, seq, dim) after it.
 
-        positions: the global position of each token (seq,) when the sequence is split (context parallel).
+        positions: the global position of each token (seq,) when the sequence is split (context parallel), or
+        with ``document_mask`` each token's position in its document (batch, seq).
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         seq = tokens.shape[1]  # from the input, not h: under sequence parallel h may be a local shard
         rope = self.rope[:seq] if positions is None else self.rope[positions]
+        mask = build_document_mask(positions) if self.document_mask and positions is not None else None
         for layer in self.layers.values():
-            h = layer(h, rope)
+            h = layer(h, rope) if mask is None else layer(h, rope, mask)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 

@@ -133,6 +133,7 @@ def build_model_parts(
 ) -> tuple[list[nn.Module], Pipeline | None]:
     """The parallelized, initialised model, or under pipeline parallel this rank's stages and their schedule."""
     model = build_model(model_args)
+    model.document_mask = cfg.training.document_mask
     parallelize_part = functools.partial(
         parallelize,
         dims=dims,
@@ -204,6 +205,8 @@ def forward_backward(state: TrainState, inputs: torch.Tensor, labels: torch.Tens
     model, par = state.model_parts[0], state.cfg.parallelism
     cp_impl = resolve_cp_impl(par.context_parallel_impl, state.ctx.device.type)
     inputs, labels, positions = shard_batch(sub_mesh(state.mesh, "cp"), cp_impl, inputs, labels)
+    if state.cfg.training.document_mask:  # in-document positions (context parallel is refused at set-up)
+        positions = state.loader.positions().to(inputs.device)
     with loss_parallel_context(state.dims.tp > 1 and not par.disable_loss_parallel):
         if state.pipeline is not None:  # the schedule runs forward, loss and backward of every microbatch
             with autocast_context(state):
