@@ -20,7 +20,26 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """Many short documents (several per 64-token window), prepared into a private cache."""
     folder = tmp_path_factory.mktemp("docs")
     rng = random.Random(0)
-    words = "the of and to her she was it in that not be Emma Anne Elinor said could would".split()
+    words = [
+        "the",
+        "of",
+        "and",
+        "to",
+        "her",
+        "she",
+        "was",
+        "it",
+        "in",
+        "that",
+        "not",
+        "be",
+        "Emma",
+        "Anne",
+        "Elinor",
+        "said",
+        "could",
+        "would",
+    ]
     for i in range(80):
         (folder / f"d{i:02d}.txt").write_text(" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))))
     (folder / "val").mkdir()
