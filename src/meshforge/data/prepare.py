@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import os
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -61,6 +62,7 @@ _WORKER_TOKENIZER: Tokenizer | None = None
 
 def _init_worker(tokenizer_path: str) -> None:
     global _WORKER_TOKENIZER
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one encoder thread per worker process: no oversubscription
     _WORKER_TOKENIZER = build_tokenizer(tokenizer_path)
 
 
