@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from meshforge.config.io import ConfigError
 from meshforge.data import shards
 from meshforge.data.prepare import PrepareOptions, prepare
 from meshforge.data.sources import expand_inputs
@@ -52,8 +53,10 @@ def parse_mixture(spec: str | list[str]) -> list[tuple[Path, float]]:
             out.append((resolve(folder), float(weight)) if sep else (resolve(item.strip()), 1.0))
         except ValueError:
             out.append((resolve(item.strip()), 1.0))  # a ':' inside the path, no weight
+    if any(w < 0 for _, w in out) or sum(w for _, w in out) <= 0:
+        raise ConfigError(f"mixture weights in {spec!r} must be >= 0 with a positive sum")
     if not out:
-        raise ValueError("training.dataset = 'prepared' needs training.dataset_path (DIR or DIR:weight,DIR:weight)")
+        raise ConfigError("training.dataset = 'prepared' needs training.dataset_path (DIR or DIR:weight,DIR:weight)")
     return out
 
 
@@ -94,7 +97,7 @@ def local_corpus(root: Path, tokenizer_path: str) -> Path:
     """The prepared cache folder of a local text file or folder (a val/ folder is the held-out split; without one,
     TEXT_VAL_FRACTION of the documents)."""
     if not root.exists():
-        raise ValueError(f"text dataset path {str(root)!r} does not exist: set training.dataset_path")
+        raise ConfigError(f"text dataset path {str(root)!r} does not exist: set training.dataset_path")
     files = expand_inputs([str(root)])
     has_val = any(held for _, held in files)
     stats = [f"{name}:{os.stat(name).st_size}:{os.stat(name).st_mtime_ns}" for name, _ in files]
@@ -112,7 +115,7 @@ def dataset_folders(
         return [(local_corpus(resolve(dataset_path) if dataset_path else AUSTEN_DIR, tokenizer_path), 1.0)]
     if dataset == "text":
         if not dataset_path:
-            raise ValueError("dataset 'text' needs training.dataset_path (a .txt/.txt.gz/.jsonl file or a folder)")
+            raise ConfigError("dataset 'text' needs training.dataset_path (a .txt/.txt.gz/.jsonl file or a folder)")
         return [(local_corpus(resolve(dataset_path), tokenizer_path), 1.0)]
     if dataset == "prepared":
         return parse_mixture(dataset_path)
@@ -120,4 +123,4 @@ def dataset_folders(
         name = dataset_path or dataset.removeprefix("hf:")
         options = PrepareOptions(tokenizer_path=tokenizer_path, max_tokens=STREAM_MAX_TOKENS)
         return [(cached_prepared([f"hf:{name}"], [f"hub:{name}"], options), 1.0)]
-    raise ValueError(f"unknown training.dataset {dataset!r}: use austen, text, prepared, c4 or hf:<name>")
+    raise ConfigError(f"unknown training.dataset {dataset!r}: use austen, text, prepared, c4 or hf:<name>")

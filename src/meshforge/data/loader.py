@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from meshforge.config.io import ConfigError
 from meshforge.data.corpus import dataset_folders
 from meshforge.data.order import feistel_permute, mixture_assign, normalise_weights, order_key
 from meshforge.data.shards import PreparedSplit
@@ -97,7 +98,7 @@ class PackedDataLoader:
         self.streams: list[TokenStream] = list(sources) if isinstance(sources, list) else [sources]
         for stream in self.streams:
             if stream.num_tokens < seq_len + 1:
-                raise ValueError(
+                raise ConfigError(
                     f"the dataset has {stream.num_tokens} tokens, fewer than one sample needs (seq_len + 1 = "
                     f"{seq_len + 1}): lower training.seq_len or use more data"
                 )
@@ -204,7 +205,9 @@ class PackedDataLoader:
         changed = {k: (state.get(k), v) for k, v in expected.items() if state.get(k) != v}
         if changed or "global_position" not in state:
             detail = ", ".join(f"{k}: saved {old} now {new}" for k, (old, new) in changed.items()) or "no position"
-            raise ValueError(f"data loader state does not match this dataset/config ({detail}); the order would differ")
+            raise ConfigError(
+                f"data loader state does not match this dataset/config ({detail}); the order would differ"
+            )
         if len(self.streams) == 1:
             self.counts[0] = int(state["global_position"])
         else:
@@ -232,16 +235,18 @@ def build_dataloader(
     fingerprint: the model's tokenizer's; a dataset prepared with another tokenizer is refused.
     """
     if split not in ("train", "val"):
-        raise ValueError(f"unknown split {split!r}: use 'train' or 'val'")
+        raise ConfigError(f"unknown split {split!r}: use 'train' or 'val'")
     streams, weights = open_splits(cfg, tokenizer_path, split)
     for stream in streams:
         if stream.fingerprint != fingerprint:
-            raise ValueError(
+            raise ConfigError(
                 f"prepared dataset {str(stream.folder)!r} was tokenized with another tokenizer than "
                 f"model.tokenizer_path: prepare it again with --tokenizer {tokenizer_path}"
             )
         if stream.num_tokens == 0:
-            raise ValueError(f"prepared dataset {str(stream.folder)!r} has no {split!r} tokens (--val-docs at prepare)")
+            raise ConfigError(
+                f"prepared dataset {str(stream.folder)!r} has no {split!r} tokens (--val-docs at prepare)"
+            )
     return PackedDataLoader(
         list(streams),
         seq_len=cfg.seq_len,

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from meshforge.config.io import ConfigError
 from meshforge.data import shards
 from meshforge.data.sources import Document, iter_documents
 from meshforge.data.tokenizer import Tokenizer, build_tokenizer
@@ -46,9 +47,9 @@ class PrepareOptions:
 
     def validate(self) -> None:
         if self.workers < 1 or self.shard_tokens < 1 or self.val_docs < 0 or self.max_tokens < 0:
-            raise ValueError("--workers and --shard-tokens must be >= 1, --val-docs and --max-tokens >= 0")
+            raise ConfigError("--workers and --shard-tokens must be >= 1, --val-docs and --max-tokens >= 0")
         if not 0 <= self.val_fraction < 1:
-            raise ValueError(f"--val-fraction {self.val_fraction} must be in [0, 1)")
+            raise ConfigError(f"--val-fraction {self.val_fraction} must be in [0, 1)")
 
 
 def held_out(index: int, document: Document, options: PrepareOptions) -> bool:
@@ -128,10 +129,10 @@ def prepare(inputs: list[str], out: Path, options: PrepareOptions, *, progress: 
     a manifest; removes what an interrupted preparation left behind."""
     options.validate()
     if not inputs:
-        raise ValueError("no inputs: give .txt/.jsonl/.parquet files or folders, or hf:<dataset id>")
+        raise ConfigError("no inputs: give .txt/.jsonl/.parquet files or folders, or hf:<dataset id>")
     out = Path(out)
     if (out / shards.MANIFEST).exists():
-        raise ValueError(f"{str(out)!r} already holds a prepared dataset: choose another --out or delete it")
+        raise ConfigError(f"{str(out)!r} already holds a prepared dataset: choose another --out or delete it")
     out.mkdir(parents=True, exist_ok=True)
     shards.remove_leftovers(out)
     tokenizer = build_tokenizer(options.tokenizer_path)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from meshforge.config.io import ConfigError
+
 FORMAT = "meshforge-shards-v1"
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
@@ -114,13 +116,13 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     """The manifest of a prepared dataset; ValueError naming the folder and the fix when there is none."""
     path = folder / MANIFEST
     if not path.is_file():
-        raise ValueError(
+        raise ConfigError(
             f"{str(folder)!r} is not a prepared dataset (no {MANIFEST}; an interrupted preparation leaves none): "
             "run `meshforge data prepare INPUT... --out DIR` first"
         )
     manifest: dict[str, Any] = json.loads(path.read_text())
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{str(path)!r} has format {manifest.get('format')!r}, expected {FORMAT!r}: prepare it again")
+        raise ConfigError(f"{str(path)!r} has format {manifest.get('format')!r}, expected {FORMAT!r}: prepare it again")
     return manifest
 
 
@@ -144,7 +146,7 @@ class PreparedSplit:
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
         if split not in self.manifest["splits"]:
-            raise ValueError(f"prepared dataset {str(folder)!r} has no {split!r} split")
+            raise ConfigError(f"prepared dataset {str(folder)!r} has no {split!r} split")
         info = self.manifest["splits"][split]
         self.split, self.dtype = split, np.dtype(self.manifest["dtype"])
         self.num_tokens, self.num_documents = int(info["tokens"]), int(info["documents"])
@@ -153,7 +155,7 @@ class PreparedSplit:
         for name, tokens in zip(self.shard_names, sizes, strict=True):
             actual = (self.folder / name).stat().st_size if (self.folder / name).is_file() else -1
             if actual != tokens * self.dtype.itemsize:
-                raise ValueError(
+                raise ConfigError(
                     f"shard {name} of {str(folder)!r} has {actual} bytes, the manifest says "
                     f"{tokens * self.dtype.itemsize}: the folder is damaged, prepare it again"
                 )

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshforge.config.io import ConfigError
+
 TEXT_SUFFIXES = (".txt", ".txt.gz")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 PARQUET_SUFFIXES = (".parquet",)
@@ -48,14 +50,14 @@ def expand_inputs(inputs: list[str]) -> list[tuple[str, bool]]:
         if path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUPPORTED))
             if not files:
-                raise ValueError(f"input folder {item!r} holds no {', '.join(SUPPORTED)} files")
+                raise ConfigError(f"input folder {item!r} holds no {', '.join(SUPPORTED)} files")
             out += [(str(p), "val" in p.relative_to(path).parts[:-1]) for p in files]
         elif path.is_file():
             if not path.name.endswith(SUPPORTED):
-                raise ValueError(f"input {item!r}: unsupported file type; use {', '.join(SUPPORTED)} or hf:<dataset>")
+                raise ConfigError(f"input {item!r}: unsupported file type; use {', '.join(SUPPORTED)} or hf:<dataset>")
             out.append((str(path), False))
         else:
-            raise ValueError(f"input {item!r} does not exist (a file, a folder, or hf:<dataset id>)")
+            raise ConfigError(f"input {item!r} does not exist (a file, a folder, or hf:<dataset id>)")
     return out
 
 
@@ -81,10 +83,10 @@ def _jsonl_texts(path: Path, text_field: str) -> Iterator[str]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number} is not valid JSON ({error.msg})") from None
+                raise ConfigError(f"{path}:{number} is not valid JSON ({error.msg})") from None
             if not isinstance(row, dict) or text_field not in row:
                 keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-                raise ValueError(f"{path}:{number} has no {text_field!r} field ({keys}): set --text-field")
+                raise ConfigError(f"{path}:{number} has no {text_field!r} field ({keys}): set --text-field")
             yield str(row[text_field])
 
 
@@ -92,10 +94,10 @@ def _parquet_texts(path: Path, text_field: str) -> Iterator[str]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ValueError(f"reading {path} needs pyarrow: pip install pyarrow") from None
+        raise ConfigError(f"reading {path} needs pyarrow: pip install pyarrow") from None
     file = pq.ParquetFile(path)
     if text_field not in file.schema_arrow.names:
-        raise ValueError(f"{path} has no {text_field!r} column ({file.schema_arrow.names}): set --text-field")
+        raise ConfigError(f"{path} has no {text_field!r} column ({file.schema_arrow.names}): set --text-field")
     for batch in file.iter_batches(columns=[text_field], batch_size=1024):
         yield from (str(t) for t in batch.column(0).to_pylist())
 
@@ -104,7 +106,7 @@ def _hub_documents(name: str, text_field: str) -> Iterator[Document]:
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"hub dataset {name!r} needs the `datasets` package: pip install -e '.[hub]'") from None
+        raise ConfigError(f"hub dataset {name!r} needs the `datasets` package: pip install -e '.[hub]'") from None
     repo, config = ("allenai/c4", "en") if name == "c4" else (name, None)
     for split, held_out in (("train", False), ("validation", True)):
         try:
@@ -112,8 +114,8 @@ def _hub_documents(name: str, text_field: str) -> Iterator[Document]:
         except Exception as error:
             if split == "validation":  # many hub datasets have no validation split
                 return
-            raise ValueError(f"could not open hub dataset {repo!r} split {split!r} (needs network): {error}") from None
+            raise ConfigError(f"could not open hub dataset {repo!r} split {split!r} (needs network): {error}") from None
         for row in stream:
             if text_field not in row:
-                raise ValueError(f"hub dataset {repo!r} rows have no {text_field!r} field: set --text-field")
+                raise ConfigError(f"hub dataset {repo!r} rows have no {text_field!r} field: set --text-field")
             yield Document(str(row[text_field]), f"hf:{repo}:{split}", held_out)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from meshforge.config.io import ConfigError
 from meshforge.data.loader import PackedDataLoader, build_dataloader
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import sub_mesh
@@ -36,7 +37,7 @@ def build_validation_loader(cfg: JobConfig, dims: ParallelDims, rank: int, finge
         return None
     batch = cfg.training.local_batch_size if val.local_batch_size == -1 else val.local_batch_size
     if dims.pp > 1 and batch != cfg.training.local_batch_size:
-        raise ValueError(
+        raise ConfigError(
             f"validation.local_batch_size = {batch} under pipeline parallel must equal training.local_batch_size = "
             f"{cfg.training.local_batch_size} (the schedule's microbatches are fixed): set it to -1"
         )
