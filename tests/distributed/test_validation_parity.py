@@ -31,7 +31,7 @@ def val_losses(world: int, overrides: list[str]) -> list[float]:
     records = run_ranks(train_records, world, [*VALIDATION, *overrides])[0]
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
-        assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"]))
+        assert r["val_ppl"] == pytest.approx(math.exp(r["val_loss"])) and r["val_time_s"] > 0
     return [r["val_loss"] for r in records]
 
 

@@ -129,6 +129,10 @@ class MetricsLogger:
         if step >= total:
             self.progress.stop()
 
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` of work (an evaluation) out of the current interval's step time and throughput."""
+        self.interval.start += seconds
+
     def add_tokens(self, tokens: int, data_seconds: float) -> None:
         self.interval.tokens += tokens
         self.interval.data_seconds += data_seconds

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -79,6 +80,7 @@ def batch_loss(state: TrainState, inputs: torch.Tensor, labels: torch.Tensor, po
 @torch.no_grad()
 def validate(state: TrainState, loader: PackedDataLoader) -> dict[str, float]:
     """val_loss (token-weighted mean over the data-parallel ranks) and val_ppl over validation.steps batches."""
+    start = time.perf_counter()
     loader.reset()
     total, tokens = 0.0, 0
     for _ in range(state.cfg.validation.steps):
@@ -94,4 +96,6 @@ def validate(state: TrainState, loader: PackedDataLoader) -> dict[str, float]:
         sums = sums.to(state.ctx.device)
         dist.all_reduce(sums, group=group_mesh.get_group())
     loss = float(sums[0] / sums[1])
-    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0))}
+    seconds = time.perf_counter() - start
+    state.metrics.exclude(seconds)  # the step's time and throughput stay the training step's
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 700.0)), "val_time_s": seconds}
