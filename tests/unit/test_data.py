@@ -152,6 +152,8 @@ def test_state_from_another_dataset_is_refused() -> None:
         _loaders(_tokens(31), 1, 2)[0].load_state_dict(state)
     with pytest.raises(ValueError, match="seed"):
         _loaders(_tokens(30), 1, 2, seed=4)[0].load_state_dict(state)
+    with pytest.raises(ValueError, match="order_version"):  # a checkpoint of the old argsort order
+        _loaders(_tokens(30), 1, 2)[0].load_state_dict({**state, "order_version": 1})
 
 
 def test_feistel_is_a_permutation_of_any_size() -> None:

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from meshforge.config.schema import Training
 
 
+ORDER_VERSION = 2
+"""Saved with the position: 2 = the keyed Feistel order (1, the argsort order, resumes no more)."""
+
+
 class TokenStream(Protocol):
     """What the loader reads: a token stream and where its documents start."""
 
@@ -191,6 +195,7 @@ class PackedDataLoader:
             "seq_len": self.seq_len,
             "seed": self.seed,
             "shuffle": int(self.shuffle),
+            "order_version": ORDER_VERSION,
         }
         if len(self.streams) > 1:
             for d, (count, size, share) in enumerate(zip(self.counts, self.sizes, self.shares, strict=True)):
