@@ -56,6 +56,14 @@ def test_flex_block_mask_equals_dense_mask() -> None:
     torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-5)
     causal = F.scaled_dot_product_attention(q[1:], k[1:], v[1:], is_causal=True)
     torch.testing.assert_close(dense[1:], causal, rtol=1e-5, atol=1e-5)  # one document = plain causal
+    k, v = k[:, :2], v[:, :2]  # grouped-query attention: 2 kv heads for 4 query heads, no copies
+    dense = masked_attention(q, k, v, build_document_mask(positions, use_flex=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flex = masked_attention(q, k, v, build_document_mask(positions, use_flex=True))
+    torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-5)
+    repeated = masked_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), build_document_mask(positions))
+    torch.testing.assert_close(dense, repeated, rtol=1e-5, atol=1e-5)
 
 
 def test_context_parallel_is_refused() -> None:

@@ -77,7 +77,9 @@ class Training:
         if self.dataset == "text" and not self.dataset_path:
             raise ConfigError("training.dataset = 'text' needs training.dataset_path (a .txt file or folder)")
         if self.dataset == "prepared" and not (self.dataset_path or self.dataset_mixture):
-            raise ConfigError("training.dataset = 'prepared' needs training.dataset_path (DIR or DIR:weight,DIR:weight)")
+            raise ConfigError(
+                "training.dataset = 'prepared' needs training.dataset_path (DIR or DIR:weight,DIR:weight)"
+            )
 
 
 @dataclass
@@ -317,7 +319,7 @@ class Validation:
         _positive("validation.freq", self.freq)
         _positive("validation.steps", self.steps)
         if self.local_batch_size == 0 or self.local_batch_size < -1:
-            raise ValueError(f"validation.local_batch_size = {self.local_batch_size} must be >= 1 or -1")
+            raise ConfigError(f"validation.local_batch_size = {self.local_batch_size} must be >= 1 or -1")
 
 
 @dataclass
@@ -357,7 +359,7 @@ class JobConfig:
         ):
             section.validate()
         if self.training.document_mask and self.parallelism.context_parallel_degree > 1:
-            raise ValueError(
+            raise ConfigError(
                 "training.document_mask with parallelism.context_parallel_degree = "
                 f"{self.parallelism.context_parallel_degree} is not supported yet: turn one of them off"
             )

@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from meshforge.config.io import ConfigError
 from meshforge.data import shards
 from meshforge.data.prepare import PrepareOptions, prepare
+from meshforge.errors import ConfigError
 
 
 def parser() -> argparse.ArgumentParser:

@@ -17,10 +17,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from meshforge.config.io import ConfigError
 from meshforge.data import shards
 from meshforge.data.prepare import PrepareOptions, prepare
 from meshforge.data.sources import expand_inputs
+from meshforge.errors import ConfigError
 from meshforge.paths import REPO_ROOT, cache_root
 
 AUSTEN_DIR = REPO_ROOT / "data" / "austen"

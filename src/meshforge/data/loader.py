@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from meshforge.config.io import ConfigError
 from meshforge.data.corpus import dataset_folders
 from meshforge.data.order import feistel_permute, mixture_assign, normalise_weights, order_key
 from meshforge.data.shards import PreparedSplit
+from meshforge.errors import ConfigError
 
 if TYPE_CHECKING:
     from meshforge.config.schema import Training

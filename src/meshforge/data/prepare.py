@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from meshforge.config.io import ConfigError
 from meshforge.data import shards
 from meshforge.data.sources import Document, iter_documents
 from meshforge.data.tokenizer import Tokenizer, build_tokenizer
+from meshforge.errors import ConfigError
 
 BATCH_CHARS = 1 << 20
 BATCH_DOCS = 512

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from meshforge.config.io import ConfigError
+from meshforge.errors import ConfigError
 
 FORMAT = "meshforge-shards-v1"
 MANIFEST = "manifest.json"

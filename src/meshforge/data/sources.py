@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshforge.config.io import ConfigError
+from meshforge.errors import ConfigError
 
 TEXT_SUFFIXES = (".txt", ".txt.gz")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from meshforge.checkpoint import hf
-from meshforge.config.io import ConfigError
 from meshforge.config.schema import Model
 from meshforge.data.tokenizer import build_tokenizer
+from meshforge.errors import ConfigError
 from meshforge.model.flavors import get_flavor
 from meshforge.model.llama import Transformer, build_model
 

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from meshforge.config.io import ConfigError
 from meshforge.data.loader import PackedDataLoader, build_dataloader
+from meshforge.errors import ConfigError
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import sub_mesh
 from meshforge.parallel.tensor_parallel import loss_parallel_context
