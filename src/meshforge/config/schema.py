@@ -32,6 +32,33 @@ class Model:
     """Model shape: tiny, debugmodel, 100m (CPU flavors) or 1B, 3B, 8B, 70B, 405B (official Llama 3 shapes)."""
     tokenizer_path: str = "data/tokenizer/austen-bpe-2048.json"
     """A tokenizers-library tokenizer.json, a tiktoken BPE file (Llama 3 tokenizer.model), or hf:<repo> (network)."""
+    hf_config: str = ""
+    """A Hugging Face config.json (or its folder) whose shapes replace the flavor's: LlamaForCausalLM,
+    MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (dense). Read locally, never downloaded."""
+    dim: int = 0
+    """Hidden width; this and the shape fields below override the flavor's (or hf_config's) when non-zero."""
+    n_layers: int = 0
+    """Transformer blocks (0 = the flavor's)."""
+    n_heads: int = 0
+    """Query heads (0 = the flavor's)."""
+    n_kv_heads: int = 0
+    """Key/value heads of grouped-query attention (0 = the flavor's)."""
+    head_dim: int = 0
+    """Head width when it is not dim / n_heads, as in Qwen3 (0 = dim / n_heads or the flavor's)."""
+    ffn_dim: int = 0
+    """SwiGLU hidden width given directly (0 = the flavor's, or ffn_dim_multiplier and multiple_of)."""
+    ffn_dim_multiplier: float = 0.0
+    """Meta's SwiGLU width multiplier on 8/3 x dim (0 = the flavor's)."""
+    multiple_of: int = 0
+    """SwiGLU width rounded up to a multiple of this (0 = the flavor's)."""
+    vocab_size: int = 0
+    """Embedding rows (0 = the flavor's); must hold the tokenizer's vocabulary."""
+    tie_embeddings: Literal["auto", "true", "false"] = "auto"
+    """Output projection shares the embedding's weight: auto = as the flavor (1B, 3B tie) or hf_config says."""
+    rope_theta: float = 0.0
+    """RoPE base (0 = the flavor's)."""
+    rope_scaling_factor: float = 0.0
+    """Llama 3 RoPE frequency scaling factor (0 = the flavor's, 1 = no scaling)."""
 
 
 @dataclass
@@ -345,7 +372,8 @@ class JobConfig:
         """Check every section alone; cross-section checks (degrees vs world size, heads vs TP) live with the mesh."""
         from meshforge.model.flavors import get_flavor
 
-        get_flavor(self.model.flavor)
+        if not self.model.hf_config:
+            get_flavor(self.model.flavor)
         for section in (
             self.training,
             self.optimizer,

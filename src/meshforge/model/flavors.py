@@ -26,6 +26,21 @@ class ModelArgs:
     rope_theta: float = 500000.0
     use_scaled_rope: bool = True
     max_seq_len: int = 8192
+    tie_embeddings: bool = False
+    """The output projection is the token embedding's weight (Llama 3.2 1B/3B)."""
+    explicit_head_dim: int | None = None
+    """Head width when it is not dim / n_heads (Qwen3)."""
+    ffn_dim: int | None = None
+    """SwiGLU width given directly (Hugging Face intermediate_size) instead of by multiplier and multiple_of."""
+    qkv_bias: bool = False
+    """Biases on the q, k and v projections (Qwen2)."""
+    qk_norm: bool = False
+    """RMSNorm over each head of q and k before RoPE (Qwen3)."""
+    rope_scaling_factor: float = 8.0
+    """Llama 3 RoPE scaling (used when use_scaled_rope): factor, low/high frequency factors, original context."""
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_seq_len: int = 8192
 
     @property
     def kv_heads(self) -> int:
@@ -33,11 +48,14 @@ class ModelArgs:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.explicit_head_dim if self.explicit_head_dim is not None else self.dim // self.n_heads
 
     @property
     def ffn_hidden_dim(self) -> int:
-        """SwiGLU width: 2/3 of 4*dim, times ffn_dim_multiplier, rounded up to multiple_of (Meta's formula)."""
+        """SwiGLU width: ffn_dim when given, else 2/3 of 4*dim, times ffn_dim_multiplier, rounded up to multiple_of
+        (Meta's formula)."""
+        if self.ffn_dim is not None:
+            return self.ffn_dim
         hidden = int(2 * (4 * self.dim) / 3)
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
@@ -52,9 +70,27 @@ FLAVORS: dict[str, ModelArgs] = {
     "tiny": ModelArgs(dim=64, n_layers=8, n_heads=4, n_kv_heads=2, vocab_size=2048, multiple_of=32),
     "debugmodel": ModelArgs(dim=256, n_layers=6, n_heads=16, vocab_size=2048, multiple_of=256),
     "100m": ModelArgs(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=2048, multiple_of=256),
-    # Official shapes (Llama 3.2 1B/3B, Llama 3.1 8B/70B/405B); output projection untied
-    "1B": ModelArgs(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5, multiple_of=256),
-    "3B": ModelArgs(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim_multiplier=1.0, multiple_of=256),
+    # Official shapes: Llama 3.2 1B/3B (output tied to the embedding, RoPE scaled by 32), Llama 3.1 8B/70B/405B
+    "1B": ModelArgs(
+        dim=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim_multiplier=1.5,
+        multiple_of=256,
+        tie_embeddings=True,
+        rope_scaling_factor=32.0,
+    ),
+    "3B": ModelArgs(
+        dim=3072,
+        n_layers=28,
+        n_heads=24,
+        n_kv_heads=8,
+        ffn_dim_multiplier=1.0,
+        multiple_of=256,
+        tie_embeddings=True,
+        rope_scaling_factor=32.0,
+    ),
     "8B": ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.3, multiple_of=1024),
     # 8B-shaped blocks, 4 of them: a single-GPU check of 8B kernels, memory per layer and MFU
     "8B_4layers": ModelArgs(dim=4096, n_layers=4, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.3, multiple_of=1024),
@@ -91,16 +127,21 @@ class ParamCounts:
 
 
 def param_counts(args: ModelArgs) -> ParamCounts:
-    """Exact parameter counts of the Llama 3 decoder built by meshforge.model.llama."""
+    """Exact parameter counts of the decoder built by meshforge.model.llama; a tied output projection counts once
+    (as the embedding), q/k/v biases and per-head q/k norms count in their layer."""
     d, hd = args.dim, args.head_dim
     attn = d * args.n_heads * hd + 2 * d * args.kv_heads * hd + args.n_heads * hd * d
+    if args.qkv_bias:
+        attn += (args.n_heads + 2 * args.kv_heads) * hd
+    if args.qk_norm:
+        attn += 2 * hd
     ffn = 3 * d * args.ffn_hidden_dim
     norms = 2 * d
     return ParamCounts(
         embedding=args.vocab_size * d,
         per_layer=attn + ffn + norms,
         final_norm=d,
-        output=d * args.vocab_size,
+        output=0 if args.tie_embeddings else d * args.vocab_size,
         n_layers=args.n_layers,
     )
 
@@ -113,15 +154,19 @@ def flops_per_token(args: ModelArgs, seq_len: int) -> float:
     """
     counts = param_counts(args)
     attention = 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
-    return float(6 * counts.non_embedding + attention)
+    tied_output = counts.embedding if args.tie_embeddings else 0  # a tied output projection is still a matmul
+    return float(6 * (counts.non_embedding + tied_output) + attention)
 
 
 def model_args_for(cfg: JobConfig, vocab_size: int) -> ModelArgs:
-    """The shapes a run builds: its flavor at its sequence length, checked against the tokenizer's vocabulary."""
-    args = get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len)
+    """The shapes a run builds (its flavor, hf_config and [model] overrides at its sequence length), checked
+    against the tokenizer's vocabulary."""
+    from meshforge.model.hf_config import resolve_model_args
+
+    args = resolve_model_args(cfg.model, cfg.training.seq_len)
     if vocab_size > args.vocab_size:
         raise ConfigError(
-            f"the tokenizer {cfg.model.tokenizer_path} has {vocab_size} tokens but model.flavor = {cfg.model.flavor} "
-            f"has vocab {args.vocab_size}; use a matching tokenizer or flavor"
+            f"the tokenizer {cfg.model.tokenizer_path} has {vocab_size} tokens but the model "
+            f"({cfg.model.hf_config or cfg.model.flavor}) has vocab {args.vocab_size}; use a matching tokenizer"
         )
     return args

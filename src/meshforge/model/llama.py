@@ -33,7 +33,8 @@ def rope_frequencies(args: ModelArgs) -> torch.Tensor:
     freqs = 1.0 / (args.rope_theta ** (torch.arange(0, half, dtype=torch.float64) * 2 / args.head_dim))
     if not args.use_scaled_rope:
         return freqs
-    factor, low_freq_factor, high_freq_factor, old_context = 8.0, 1.0, 4.0, 8192
+    factor, old_context = args.rope_scaling_factor, args.rope_original_max_seq_len
+    low_freq_factor, high_freq_factor = args.rope_low_freq_factor, args.rope_high_freq_factor
     low_wavelen, high_wavelen = old_context / low_freq_factor, old_context / high_freq_factor
     wavelen = 2 * math.pi / freqs
     smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)

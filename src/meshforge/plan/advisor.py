@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from meshforge.config.io import ConfigError
-from meshforge.model.flavors import ModelArgs, get_flavor
+from meshforge.model.flavors import ModelArgs
 from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import GIB, HardwareProfile
-from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, with_stages
+from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
 from meshforge.plan.memory import STATE_BYTES, local_param_numel, memory, rank_memory, rank_parts
 
 SEARCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
@@ -136,7 +136,7 @@ def pipeline_options(layout: Layout) -> Iterator[Layout]:
 
 def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
     """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory)."""
-    args = get_flavor(base.flavor).with_seq_len(base.seq_len)
+    args = layout_args(base)
     ranked: list[Estimate] = []
     tried = 0
     usable = hw.spec.device_memory_gib(world) - hw.spec.runtime_gib

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshforge.config.io import ConfigError
-from meshforge.model.flavors import ModelArgs, flops_per_token, get_flavor
+from meshforge.model.flavors import ModelArgs, flops_per_token
 from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
 from meshforge.plan import comm, schedules
 from meshforge.plan.hardware import HardwareProfile
-from meshforge.plan.layout import Layout, check_layout, stage_layer_counts
+from meshforge.plan.layout import Layout, check_layout, layout_args, stage_layer_counts
 from meshforge.plan.memory import (
     DTYPE_BYTES,
     MemoryBreakdown,
@@ -274,7 +274,7 @@ def stage_costs(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates, 
 
 def pipeline_timeline(layout: Layout, hw: HardwareProfile) -> list[tuple[int, float, float, str]]:
     """The simulated pipeline step behind ``estimate``: (rank, start s, end s, action) of every action."""
-    args = get_flavor(layout.flavor).with_seq_len(layout.seq_len)
+    args = layout_args(layout)
     check_layout(layout, args)
     trace: list[tuple[int, float, float, str]] = []
     if layout.pp > 1:
@@ -353,7 +353,7 @@ class Estimate:
 
 def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
     """Predict memory and throughput of ``layout`` on ``hw``; ConfigError if the layout cannot run the model."""
-    args = get_flavor(layout.flavor).with_seq_len(layout.seq_len)
+    args = layout_args(layout)
     check_layout(layout, args)
     check_hardware(layout, hw)
     r = rates(layout, hw)

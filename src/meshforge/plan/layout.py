@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from meshforge.config.io import ConfigError
 from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import ModelArgs, get_flavor
+from meshforge.model.hf_config import model_label, resolve_model_args
 from meshforge.parallel.pipeline import catalog, split
 from meshforge.parallel.pipeline.catalog import MULTI_STAGE, SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 
@@ -59,6 +60,8 @@ class Layout:
     cp_impl: str = "auto"
     threads_per_rank: int = 0
     """CPU ranks: compute threads of each (0 = as many as the hardware probe used)."""
+    model: ModelArgs | None = None
+    """The shapes when they are not the named flavor's (hf_config or [model] overrides); ``flavor`` is then a label."""
 
     @property
     def world_size(self) -> int:
@@ -146,8 +149,9 @@ def layout_from_config(
             )
         shard = world_size // others
     schedule = normalize_schedule(par.pipeline_parallel_schedule, par.pipeline_parallel_schedule_csv)
+    model_args = resolve_model_args(cfg.model, cfg.training.seq_len)
     layout = Layout(
-        flavor=cfg.model.flavor,
+        flavor=model_label(cfg.model),
         seq_len=cfg.training.seq_len,
         local_batch_size=cfg.training.local_batch_size,
         dp_replicate=par.data_parallel_replicate_degree,
@@ -172,13 +176,20 @@ def layout_from_config(
         param_dtype=auto_dtype if cfg.training.mixed_precision_param == "auto" else cfg.training.mixed_precision_param,
         reduce_dtype=cfg.training.mixed_precision_reduce,
         cp_impl=par.context_parallel_impl,
+        model=None if model_args == get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len) else model_args,
     )
     if layout.world_size != world_size:
         raise ConfigError(
             f"degrees dp_replicate {layout.dp_replicate} x dp_shard {layout.dp_shard} x cp {layout.cp} x tp "
             f"{layout.tp} x pp {layout.pp} = {layout.world_size}, but --world-size is {world_size}"
         )
-    return with_stages(layout, get_flavor(layout.flavor))
+    return with_stages(layout, layout_args(layout))
+
+
+def layout_args(layout: Layout) -> ModelArgs:
+    """The model shapes of a layout at its sequence length: its own ``model`` or its named flavor's."""
+    args = layout.model if layout.model is not None else get_flavor(layout.flavor)
+    return args.with_seq_len(layout.seq_len)
 
 
 def _reshard(policy: str, pipeline: bool) -> bool:

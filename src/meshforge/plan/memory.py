@@ -42,7 +42,13 @@ class ParamSpec:
 def block_params(args: ModelArgs) -> tuple[ParamSpec, ...]:
     """The parameters of one transformer block, as meshforge.model.llama builds them."""
     d, q, kv, f = args.dim, args.n_heads * args.head_dim, args.kv_heads * args.head_dim, args.ffn_hidden_dim
+    extra: tuple[ParamSpec, ...] = ()
+    if args.qkv_bias:  # sharded like their projections' rows
+        extra += tuple(ParamSpec(f"attention.{w}.bias", (n,), 0) for w, n in (("wq", q), ("wk", kv), ("wv", kv)))
+    if args.qk_norm:
+        extra += tuple(ParamSpec(f"attention.{w}_norm.weight", (args.head_dim,), None) for w in ("q", "k"))
     return (
+        *extra,
         ParamSpec("attention_norm.weight", (d,), None),
         ParamSpec("attention.wq.weight", (q, d), 0),
         ParamSpec("attention.wk.weight", (kv, d), 0),
@@ -60,6 +66,8 @@ def embedding_params(args: ModelArgs) -> tuple[ParamSpec, ...]:
 
 
 def head_params(args: ModelArgs) -> tuple[ParamSpec, ...]:
+    if args.tie_embeddings:  # the output projection is the embedding's weight, counted there
+        return (ParamSpec("norm.weight", (args.dim,), None),)
     return (ParamSpec("norm.weight", (args.dim,), None), ParamSpec("output.weight", (args.vocab_size, args.dim), 0))
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshforge.model.flavors import param_counts
 from meshforge.plan import fit as fitting
 from meshforge.plan.advisor import SearchResult, best_by, complexity
 from meshforge.plan.estimate import Estimate
 from meshforge.plan.fit import Fit, MemoryFit
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.interval import Interval, interval, separable
+from meshforge.plan.layout import layout_args
 
 TIME_LABELS = {
     "compute": "compute (matmuls, attention, element-wise)",
@@ -35,7 +37,8 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
     """The human-readable prediction for one layout (with its interval and memory verdict when given)."""
     lay = est.layout
     lines = [
-        f"meshforge plan: {lay.flavor} on {lay.world_size} x {hw.name} ({hw.spec.description})",
+        f"meshforge plan: {lay.flavor} ({param_counts(layout_args(lay)).total:,} parameters) on {lay.world_size} x "
+        f"{hw.name} ({hw.spec.description})",
         f"layout: {lay.describe()}",
         "",
         f"peak memory per device (GiB), pipeline rank {est.memory.rank}:",
