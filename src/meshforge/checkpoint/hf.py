@@ -99,6 +99,8 @@ def to_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, dtype: str = "bf
     """meshforge full weights -> HF names, layout and dtype."""
     out = {}
     for fqn, tensor in state_dict.items():
+        if fqn == "output.weight" and args.tie_embeddings:  # HF omits lm_head.weight when tied
+            continue
         heads = _rope_heads(fqn, args)
         tensor = permute_to_hf(tensor, heads) if heads else tensor
         out[hf_name(fqn)] = tensor.to(DTYPES[dtype]).contiguous()
@@ -119,13 +121,24 @@ def hf_config(args: ModelArgs, dtype: str) -> dict[str, Any]:
         "vocab_size": args.vocab_size,
         "rms_norm_eps": args.norm_eps,
         "rope_theta": args.rope_theta,
-        "rope_scaling": dict(_ROPE_SCALING) if args.use_scaled_rope else None,
+        "rope_scaling": _rope_scaling(args) if args.use_scaled_rope else None,
         "max_position_embeddings": args.max_seq_len,
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": args.tie_embeddings,
         "torch_dtype": dtype,
+    }
+
+
+def _rope_scaling(args: ModelArgs) -> dict[str, Any]:
+    """HF rope_scaling of a scaled-RoPE model (the llama3 type with the model's own factors)."""
+    return {
+        **_ROPE_SCALING,
+        "factor": args.rope_scaling_factor,
+        "low_freq_factor": args.rope_low_freq_factor,
+        "high_freq_factor": args.rope_high_freq_factor,
+        "original_max_position_embeddings": args.rope_original_max_seq_len,
     }
 
 
@@ -194,10 +207,11 @@ def _source_names(path: Path, args: ModelArgs) -> tuple[dict[str, Path], dict[st
     files = hf_files(path)
     shapes = full_shapes(args)
     names = {fqn: hf_name(fqn) for fqn in shapes}
-    if "lm_head.weight" not in files:  # tied embeddings (Llama 3.2 1B/3B)
+    if "lm_head.weight" not in files and "output.weight" in names:  # tied in HF, untied here
         names["output.weight"] = "model.embed_tokens.weight"
     missing = sorted(n for n in set(names.values()) if n not in files)
-    extra = sorted(n for n in files if n not in set(names.values()) and not n.endswith("rotary_emb.inv_freq"))
+    ignored = ("rotary_emb.inv_freq", "lm_head.weight") if args.tie_embeddings else ("rotary_emb.inv_freq",)
+    extra = sorted(n for n in files if n not in set(names.values()) and not n.endswith(ignored))
     wrong = []
     for fqn, name in names.items():
         if name in files:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshforge.errors import ConfigError
 from meshforge.model.document_mask import DocumentMask, build_document_mask, masked_attention
 from meshforge.model.flavors import ModelArgs
 
@@ -145,6 +146,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:  # one Parameter under two names; named_parameters() yields it once (the embedding)
+            self.output.weight = self.tok_embeddings.weight
         self.rope: torch.Tensor
         self.register_buffer("rope", rope_cache(args), persistent=False)
         self.document_mask = False
@@ -164,6 +167,14 @@ class Transformer(nn.Module):
             h = layer(h, rope) if mask is None else layer(h, rope, mask)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        """nn.Module._apply, keeping a tied output projection tied (``to_empty`` gives every name a new Parameter)."""
+        out = super()._apply(fn, recurse)
+        tied = self.args.tie_embeddings and self.output is not None and self.tok_embeddings is not None
+        if tied and self.output.weight is not self.tok_embeddings.weight:  # type: ignore[union-attr]
+            self.output.weight = self.tok_embeddings.weight  # type: ignore[union-attr]
+        return out
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
@@ -205,6 +216,22 @@ def copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
         param.to_local().copy_(local.to(param.dtype))
     else:
         param.copy_(full.to(param.dtype))
+
+
+def check_trainable(args: ModelArgs, pipeline_parallel_degree: int = 1) -> None:
+    """ConfigError naming what this decoder cannot train: Qwen2's q/k/v biases, Qwen3's q/k norms (counted by the
+    planner and the dry run, not built here yet), or tied embeddings split across pipeline stages."""
+    missing = [name for name, on in (("q/k/v biases", args.qkv_bias), ("per-head q/k RMSNorm", args.qk_norm)) if on]
+    if missing:
+        raise ConfigError(
+            f"model.hf_config: the training model does not build {' and '.join(missing)} yet; "
+            "plan or dry-run this model, or train a Llama/Mistral config"
+        )
+    if args.tie_embeddings and pipeline_parallel_degree > 1:
+        raise ConfigError(
+            f"model.tie_embeddings with parallelism.pipeline_parallel_degree = {pipeline_parallel_degree}: embedding "
+            "and the output projection live on different stages; set tie_embeddings = 'false' or pipeline degree 1"
+        )
 
 
 def build_model(args: ModelArgs) -> Transformer:

@@ -42,8 +42,9 @@ from torch.distributed.tensor.placement_types import Placement, Shard, _StridedS
 from meshforge.config.schema import JobConfig, Parallelism
 from meshforge.device.precision import resolve_param_dtype
 from meshforge.errors import ConfigError
-from meshforge.model.flavors import ModelArgs, get_flavor, param_counts
-from meshforge.model.llama import build_model, canonical_name
+from meshforge.model.flavors import ModelArgs, param_counts
+from meshforge.model.hf_config import model_label
+from meshforge.model.llama import build_model, canonical_name, check_trainable
 from meshforge.observability.metrics import logging_ranks
 from meshforge.observability.profiling import check_window
 from meshforge.parallel.dims import AXES, ParallelDims
@@ -103,17 +104,28 @@ def model_args(cfg: JobConfig, notes: list[str]) -> ModelArgs:
     """The flavor at the configured sequence length; the tokenizer's vocabulary is checked when the file is here."""
     from meshforge.data.tokenizer import build_tokenizer, resolve_path
     from meshforge.model.flavors import model_args_for
+    from meshforge.model.hf_config import resolve_model_args
 
     path = cfg.model.tokenizer_path
     if path.startswith("hf:"):
         notes.append(f"tokenizer {path} is on the hub: its vocabulary is not checked against the flavor here")
-        return get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len)
+        return resolve_model_args(cfg.model, cfg.training.seq_len)
     try:
         resolve_path(path)
     except ConfigError:
         notes.append(f"tokenizer {path} is not on this machine: vocabulary not checked (a real run needs the file)")
-        return get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len)
+        return resolve_model_args(cfg.model, cfg.training.seq_len)
     return model_args_for(cfg, build_tokenizer(path).vocab_size)
+
+
+def trainable_notes(args: ModelArgs, pp: int, notes: list[str]) -> None:
+    """Tied embeddings under pipeline parallel are refused as training refuses them; parts the training model does not
+    build yet (q/k/v biases, q/k norms) become a note: the parameter total counts them, the measured shards do not."""
+    check_trainable(dataclasses.replace(args, qkv_bias=False, qk_norm=False), pp)
+    try:
+        check_trainable(dataclasses.replace(args, tie_embeddings=False))
+    except ConfigError as exc:
+        notes.append(f"{exc} (the parameter total counts them; the measured shards below do not)")
 
 
 def check_features(cfg: JobConfig, dims: ParallelDims, target: str, notes: list[str]) -> None:
@@ -247,6 +259,7 @@ def plan(cfg: JobConfig, world_size: int) -> DryRun:
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     args = model_args(cfg, notes)
     dims.validate_model(args, cfg.training.seq_len)
+    trainable_notes(args, dims.pp, notes)
     check_features(cfg, dims, target, notes)
     with fake_world(world_size):
         mesh = dims.build_mesh("cpu")  # meta tensors need a mesh of a type this torch can shard for
@@ -256,7 +269,7 @@ def plan(cfg: JobConfig, world_size: int) -> DryRun:
     if cfg.training.dataset not in ("austen", "text"):
         notes.append(f"training.dataset = {cfg.training.dataset!r} streams from the network: not opened here")
     total = param_counts(args).total
-    return DryRun(cfg.model.flavor, world_size, dims, target, total, ranks, axes, notes)
+    return DryRun(model_label(cfg.model), world_size, dims, target, total, ranks, axes, notes)
 
 
 def compress(names: list[str]) -> str:

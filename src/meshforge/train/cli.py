@@ -61,11 +61,14 @@ def main(argv: list[str]) -> int:
 
 def check_layout(cfg: JobConfig, world_size: int) -> None:
     """Degrees vs world size and model shape, checked before any process starts."""
-    from meshforge.model.flavors import get_flavor
+    from meshforge.model.hf_config import resolve_model_args
+    from meshforge.model.llama import check_trainable
     from meshforge.parallel.dims import ParallelDims
 
     dims = ParallelDims.from_config(cfg.parallelism, world_size)  # ConfigError when they do not fit
-    dims.validate_model(get_flavor(cfg.model.flavor), cfg.training.seq_len)
+    args = resolve_model_args(cfg.model, cfg.training.seq_len)
+    dims.validate_model(args, cfg.training.seq_len)
+    check_trainable(args, dims.pp)
 
 
 def run(cfg: JobConfig) -> int:

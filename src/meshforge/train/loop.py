@@ -29,7 +29,7 @@ from meshforge.device.peak import device_peak_flops
 from meshforge.device.precision import resolve_param_dtype
 from meshforge.device.transfer import to_device
 from meshforge.model.flavors import ModelArgs, flops_per_token, model_args_for
-from meshforge.model.llama import build_model
+from meshforge.model.llama import build_model, check_trainable
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
 from meshforge.observability.logs import launcher_rank, rank_logging
 from meshforge.observability.metrics import MetricsLogger, logging_ranks
@@ -78,6 +78,7 @@ def setup(cfg: JobConfig) -> TrainState:
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
     model_args = model_args_for(cfg, tokenizer.vocab_size)
     dims.validate_model(model_args, cfg.training.seq_len)
+    check_trainable(model_args, dims.pp)
     dims.validate_features(
         cfg.parallelism, device=ctx.device, compile_enabled=cfg.compile.enable, float8=cfg.quantize.dense.float8
     )
