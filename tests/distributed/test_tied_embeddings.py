@@ -1,0 +1,18 @@
+"""Tied embeddings (Llama 3.2 1B/3B): one process and FSDP 2 train the same losses, and the tie changes training
+(the output projection really is the embedding, not a copy)."""
+
+from __future__ import annotations
+
+import pytest
+from parity import GLOBAL_BATCH, assert_parity, losses, reference
+
+pytestmark = pytest.mark.distributed
+TIED = ("--model.tie_embeddings", "true")
+
+
+def test_tied_fsdp_matches_single_process() -> None:
+    want = reference(TIED)
+    got = losses(2, ["--training.local_batch_size", str(GLOBAL_BATCH // 2), *TIED])
+    assert_parity(got, want)
+    untied = reference(("--model.tie_embeddings", "false"))
+    assert all(abs(a - b) > 1e-4 for a, b in zip(want, untied, strict=True)), (want, untied)
