@@ -29,7 +29,8 @@ class Model:
     name: Literal["llama3"] = "llama3"
     """Model family."""
     flavor: str = "debugmodel"
-    """Model shape: tiny, debugmodel, 100m (CPU flavors) or 1B, 3B, 8B, 70B, 405B (official Llama 3 shapes)."""
+    """Model shape: tiny, debugmodel, 100m (CPU flavors) or 1B, 3B (tied embeddings), 8B, 70B, 405B (official Llama 3
+    shapes); hf_config and the shape fields below override it."""
     tokenizer_path: str = "data/tokenizer/austen-bpe-2048.json"
     """A tokenizers-library tokenizer.json, a tiktoken BPE file (Llama 3 tokenizer.model), or hf:<repo> (network)."""
     hf_config: str = ""
