@@ -16,3 +16,21 @@ def test_tied_fsdp_matches_single_process() -> None:
     assert_parity(got, want)
     untied = reference(("--model.tie_embeddings", "false"))
     assert all(abs(a - b) > 1e-4 for a, b in zip(want, untied, strict=True)), (want, untied)
+
+
+@pytest.mark.slow
+def test_tied_fsdp_resume_is_exact() -> None:
+    """A checkpoint of a tied model (one tensor under two names) resumes bitwise: the tie survives the load."""
+    import tempfile
+
+    from launcher import run_ranks
+    from test_checkpoint_resume import train_losses
+
+    args = ["--training.steps", "4", "--training.local_batch_size", "4", *TIED]
+    whole = run_ranks(train_losses, 2, tempfile.mkdtemp(), args)[0]
+    ckpt = [*args, "--checkpoint.enable", "--checkpoint.interval", "2"]
+    dump = tempfile.mkdtemp()
+    first = run_ranks(train_losses, 2, dump, ckpt, 2)[0]
+    second = run_ranks(train_losses, 2, dump, ckpt)[0]
+    assert sorted(first) == [1, 2] and sorted(second) == [3, 4]
+    assert {**first, **second} == whole

@@ -107,6 +107,9 @@ def resolve_model_args(model: Model, seq_len: int) -> ModelArgs:
         args = args_from_hf(read_hf_config(model.hf_config), model.hf_config)
     else:
         args = get_flavor(model.flavor)
+    for name in (*_OVERRIDES, "head_dim", "ffn_dim_multiplier", "rope_scaling_factor"):
+        if getattr(model, name) < 0:
+            raise ConfigError(f"model.{name} = {getattr(model, name)} must be > 0 (or 0 for the flavor's)")
     changes: dict[str, Any] = {name: getattr(model, name) for name in _OVERRIDES if getattr(model, name)}
     if model.ffn_dim_multiplier:
         changes.update(ffn_dim_multiplier=model.ffn_dim_multiplier, ffn_dim=None)
