@@ -84,7 +84,7 @@ def test_unsupported_configs_are_refused(tmp_path: Path, change: dict[str, objec
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(ConfigError, match=needle):
         args_from_hf(read_hf_config(str(tmp_path)))
-    with pytest.raises(ConfigError, match="model.n_layers = -2"):
+    with pytest.raises(ConfigError, match=r"model\.n_layers = -2"):
         resolve_model_args(load_config(None, ["--model.n_layers", "-2"]).model, 64)
     with pytest.raises(ConfigError, match="no such file"):
         read_hf_config(str(tmp_path / "absent.json"))
