@@ -29,7 +29,8 @@ from meshforge.config.schema import Checkpoint, LRScheduler, Optimizer
 from meshforge.data.loader import PackedDataLoader
 from meshforge.model.flavors import get_flavor, param_counts
 from meshforge.model.llama import build_model
-from meshforge.train.loop import TrainState
+from meshforge.parallel.distributed import DistContext
+from meshforge.train.loop import TrainState, checkpoint_states
 from meshforge.train.optim import build_lr_scheduler, build_optimizer
 
 
@@ -48,7 +49,8 @@ def make_state(flavor: str) -> TrainState:
         np.zeros(10_000, np.int32), seq_len=256, local_batch_size=8, dp_rank=0, dp_degree=1, seed=0
     )
     none: Any = None
-    return TrainState(none, none, none, None, args, [model], optimizer, scheduler, loader, none, step=1)
+    ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
+    return TrainState(none, ctx, none, None, args, [model], optimizer, scheduler, loader, none, step=1)
 
 
 def checkpointer(folder: Path, **cfg: Any) -> Checkpointer:
@@ -74,24 +76,24 @@ def measure(flavor: str, root: Path) -> dict[str, float]:
         shutil.rmtree(root, ignore_errors=True)
         ck = checkpointer(root)
         start = time.perf_counter()
-        ck.save(state)
+        ck.save(checkpoint_states(state), state.step)
         times["sync"].append(time.perf_counter() - start)
         ck = checkpointer(root, async_mode="async")
         state.step = 2
         start = time.perf_counter()
-        ck.save(state)
+        ck.save(checkpoint_states(state), state.step)
         times["async_block"].append(time.perf_counter() - start)
         ck.close()
         times["async_total"].append(time.perf_counter() - start)
         fresh = make_state(flavor)
         start = time.perf_counter()
-        checkpointer(root, load_step=2).load(fresh)
+        fresh.step = checkpointer(root, load_step=2).load(checkpoint_states(fresh))
         times["load"].append(time.perf_counter() - start)
         assert fresh.step == 2
         ck = checkpointer(root, export_dtype="bfloat16")
         state.step = 100
         start = time.perf_counter()
-        ck.save(state, model_only=True, export=True)
+        ck.save(checkpoint_states(state), state.step, model_only=True, export=True)
         times["export"].append(time.perf_counter() - start)
         state.step = 1
     out = {k: statistics.median(v) for k, v in times.items()}

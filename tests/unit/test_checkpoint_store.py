@@ -20,7 +20,8 @@ from meshforge.config.schema import Checkpoint, LRScheduler, Optimizer
 from meshforge.data.loader import PackedDataLoader
 from meshforge.model.flavors import get_flavor
 from meshforge.model.llama import build_model
-from meshforge.train.loop import TrainState
+from meshforge.parallel.distributed import DistContext
+from meshforge.train.loop import TrainState, checkpoint_states
 from meshforge.train.optim import build_lr_scheduler, build_optimizer
 
 TOKENS = np.arange(4000, dtype=np.int32) % 2048
@@ -35,7 +36,13 @@ def make_state(seed: int, flavor: str = "tiny") -> TrainState:
     loader = PackedDataLoader(TOKENS, seq_len=32, local_batch_size=2, dp_rank=0, dp_degree=1, seed=seed % 2)
     none: Any = None
     args = get_flavor(flavor).with_seq_len(32)
-    return TrainState(none, none, none, None, args, [model], optimizer, scheduler, loader, none)
+    ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
+    return TrainState(none, ctx, none, None, args, [model], optimizer, scheduler, loader, none)
+
+
+def load(ck: Checkpointer, state: TrainState) -> None:
+    """Resume ``state`` as the training loop does."""
+    state.step = ck.load(checkpoint_states(state))
 
 
 def take_steps(state: TrainState, steps: int) -> None:
@@ -65,14 +72,14 @@ def saved(tmp_path: Path, steps: int = 4) -> tuple[TrainState, Path]:
     state = make_state(seed=1)
     take_steps(state, steps)
     ck = checkpointer(tmp_path)
-    ck.save(state)
+    ck.save(checkpoint_states(state), state.step)
     ck.close()
     return state, tmp_path / "checkpoint" / f"step-{steps}"
 
 
 def load_error(tmp_path: Path, flavor: str = "tiny") -> str:
     with pytest.raises(ValueError) as info:
-        checkpointer(tmp_path).load(make_state(seed=2, flavor=flavor))
+        load(checkpointer(tmp_path), make_state(seed=2, flavor=flavor))
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -84,7 +91,7 @@ def test_round_trip_restores_the_whole_state(tmp_path: Path) -> None:
     torch.manual_seed(123)
     fresh = make_state(seed=2)
     fresh.loader.seed = state.loader.seed
-    checkpointer(tmp_path).load(fresh)
+    load(checkpointer(tmp_path), fresh)
     assert fresh.step == 4 and fresh.loader.global_position == state.loader.global_position
     assert fresh.scheduler.last_epoch == 4 and fresh.scheduler.get_last_lr() == state.scheduler.get_last_lr()
     assert fresh.optimizer.param_groups[0]["lr"] == state.optimizer.param_groups[0]["lr"]
@@ -104,7 +111,7 @@ def test_commit_is_atomic_and_incomplete_ones_are_removed(tmp_path: Path) -> Non
     (partial / "meshforge.json").unlink()
     fresh = make_state(seed=2)
     fresh.loader.seed = 1
-    checkpointer(tmp_path).load(fresh)
+    load(checkpointer(tmp_path), fresh)
     assert fresh.step == 4 and not partial.exists()
 
 
@@ -113,12 +120,12 @@ def test_keep_latest_k_and_load_step(tmp_path: Path) -> None:
     ck = checkpointer(tmp_path, keep_latest_k=2)
     for _ in range(3):
         take_steps(state, 2)
-        ck.maybe_save(state)
+        ck.maybe_save(checkpoint_states(state), state.step)
     ck.close()
     assert store.complete_steps(tmp_path / "checkpoint") == [4, 6]
     fresh = make_state(seed=2)
     fresh.loader.seed = 1
-    checkpointer(tmp_path, load_step=4).load(fresh)
+    load(checkpointer(tmp_path, load_step=4), fresh)
     assert fresh.step == 4
     message = load_error_with(tmp_path, load_step=2)
     assert "checkpoint.load_step = 2" in message and "[4, 6]" in message
@@ -126,7 +133,7 @@ def test_keep_latest_k_and_load_step(tmp_path: Path) -> None:
 
 def load_error_with(tmp_path: Path, **cfg: Any) -> str:
     with pytest.raises(ValueError) as info:
-        checkpointer(tmp_path, **cfg).load(make_state(seed=2))
+        load(checkpointer(tmp_path, **cfg), make_state(seed=2))
     return str(info.value)
 
 
@@ -135,12 +142,12 @@ def test_async_save_is_the_same_checkpoint(tmp_path: Path) -> None:
     take_steps(state, 2)
     at_save = {k: v.clone() for k, v in get_model_state_dict(state.model_parts[0]).items()}
     ck = checkpointer(tmp_path, async_mode="async")
-    ck.maybe_save(state)
+    ck.maybe_save(checkpoint_states(state), state.step)
     take_steps(state, 1)  # training changes the parameters in place while the staged copy is written
     ck.close()
     fresh = make_state(seed=2)
     fresh.loader.seed = 1
-    checkpointer(tmp_path).load(fresh)
+    load(checkpointer(tmp_path), fresh)
     got = get_model_state_dict(fresh.model_parts[0])
     assert fresh.step == 2 and all(torch.equal(got[k], at_save[k]) for k in at_save)
 
@@ -174,7 +181,7 @@ def test_crafted_metadata_is_not_executed(tmp_path: Path) -> None:
     (path / ".metadata").write_bytes(pickle.dumps(Exploit()))
     state = make_state(seed=2)
     with pytest.raises(ValueError, match=r"\.metadata is unreadable .*not a DCP metadata type"):
-        checkpointer(tmp_path, enable=False, initial_load_path=str(path)).load(state)
+        load(checkpointer(tmp_path, enable=False, initial_load_path=str(path)), state)
     assert not marker.exists()
 
 
@@ -186,21 +193,40 @@ def test_other_flavor_names_the_keys(tmp_path: Path) -> None:
     assert "unexpected model.layers.6" in message  # tiny has 8 layers, debugmodel 6
 
 
-def test_final_model_only_checkpoint(tmp_path: Path) -> None:
+def test_final_save_is_resumable_with_a_model_only_export_beside_it(tmp_path: Path) -> None:
     state = make_state(seed=1)
     ck = checkpointer(tmp_path, export_dtype="bfloat16", interval=100)
     take_steps(state, 10)
-    ck.maybe_save(state)  # the last step: model only, in the export dtype
+    ck.maybe_save(checkpoint_states(state), state.step)  # the last step: full state + the export
     ck.close()
-    manifest = store.read_manifest(tmp_path / "checkpoint/step-10")
+    full = store.read_manifest(tmp_path / "checkpoint/step-10")
+    assert full is not None and not full["model_only"] and full["dtype"] == "float32"
+    export = tmp_path / "checkpoint/export/step-10"
+    manifest = store.read_manifest(export)
     assert manifest is not None and manifest["model_only"] and manifest["dtype"] == "bfloat16"
-    saved_keys = store.saved_shapes(store.read_metadata(tmp_path / "checkpoint/step-10"))
-    assert all(k.startswith("model.") for k in saved_keys)
+    saved_keys = store.saved_shapes(store.read_metadata(export))
+    assert saved_keys and all(k.startswith("model.") for k in saved_keys)
+    assert store.complete_steps(tmp_path / "checkpoint") == [10]  # the export is not a resume candidate
     fresh = make_state(seed=2)
-    checkpointer(tmp_path).load(fresh)  # a finished run: weights and step, nothing left to train
-    assert fresh.step == 10
+    fresh.loader.seed = 1
+    load(checkpointer(tmp_path), fresh)  # a finished run: the whole state at step 10 (nothing left to train)
+    assert fresh.step == 10 and fresh.scheduler.last_epoch == 10
     weight = state.model_parts[0].output.weight  # type: ignore[union-attr]
-    assert torch.equal(fresh.model_parts[0].output.weight, weight.detach().bfloat16().float())  # type: ignore[union-attr]
+    assert torch.equal(fresh.model_parts[0].output.weight, weight)  # type: ignore[union-attr]
+    exported = make_state(seed=2)
+    load(checkpointer(tmp_path / "new", enable=False, initial_load_path=str(export.parent)), exported)
+    got = exported.model_parts[0].output.weight  # type: ignore[union-attr]
+    assert exported.step == 0 and torch.equal(got, weight.detach().bfloat16().float())
+
+
+def test_model_only_checkpoint_cannot_resume_a_longer_run(tmp_path: Path) -> None:
+    state = make_state(seed=1)
+    take_steps(state, 4)
+    ck = checkpointer(tmp_path)
+    ck.save(checkpoint_states(state), state.step, model_only=True)
+    ck.close()
+    message = load_error(tmp_path)
+    assert "holds only model weights" in message and "initial_load_path" in message
 
 
 def test_unsupported_async_mode_on_cpu(tmp_path: Path) -> None:
@@ -233,6 +259,6 @@ def test_initial_weights_from_hugging_face_or_a_checkpoint_folder(tmp_path: Path
     hf_interop.save_hf(weights, source.model_args, tmp_path / "hf", dtype="float32")
     for path in (tmp_path / "hf", tmp_path / "run/checkpoint"):  # a folder of step-N: its latest step
         fresh = make_state(seed=2)
-        checkpointer(tmp_path / "new", enable=False, initial_load_path=str(path)).load(fresh)
+        load(checkpointer(tmp_path / "new", enable=False, initial_load_path=str(path)), fresh)
         got = get_model_state_dict(fresh.model_parts[0])
         assert fresh.step == 0 and all(torch.equal(got[k], weights[k]) for k in weights)

@@ -1,6 +1,8 @@
 """Save and resume the whole training state with torch.distributed.checkpoint (DCP), in any parallel layout.
 
-A checkpoint holds tensors only, under the full model's parameter names, so any layout can load it (DCP reshards):
+The `Checkpointer` saves and loads a mapping of named `Stateful` objects (checkpoint/stateful.py: ``model``,
+``optimizer``, ``train``, ``rng``). A checkpoint holds tensors only, under the full model's parameter names, so any
+layout can load it (DCP reshards):
 
     model.<fqn>                        parameters (DTensor shards are written by their owners)
     optimizer.state.<fqn>.<name>       optimizer state (Adam moments, step counts), flattened per parameter
@@ -17,45 +19,23 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.stateful import Stateful
 
 from meshforge.checkpoint import store
+from meshforge.checkpoint.stateful import FLAT, ModelParts, TrainProgress, model_view
 from meshforge.config.schema import Checkpoint
 from meshforge.device.dtypes import DTYPES
 from meshforge.errors import ConfigError
 
-if TYPE_CHECKING:
-    from meshforge.train.loop import TrainState
-
-FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
-
-
-def model_view(parts: list[nn.Module]) -> nn.Module:
-    """One module with the full model's parameter names over this rank's model parts: the part itself, or (several
-    pipeline stages on one rank) a container sharing their submodules. Stage FQNs equal the full model's."""
-    if len(parts) == 1:
-        return parts[0]
-    assert not any(part._parameters for part in parts), "model parts must not own parameters directly"
-    view = nn.Module()
-    names = dict.fromkeys(name for part in parts for name, _ in part.named_children())
-    for name in names:
-        children = [child for part in parts if (child := part._modules.get(name)) is not None]
-        view.add_module(name, model_view(children))
-    return view
+__all__ = ["FLAT", "Checkpointer", "flat_shapes", "model_view"]
 
 
 def flat_shapes(state_dict: dict[str, Any], prefix: str = "") -> dict[str, tuple[int, ...]]:
@@ -124,37 +104,46 @@ class Checkpointer:
 
     # -- saving ----------------------------------------------------------------------------------------------------
 
-    def maybe_save(self, state: TrainState, force: bool = False) -> None:
-        """Save after a step when it is due: every ``interval`` steps, at the last step (model only with
-        ``last_save_model_only``, in ``export_dtype``), or when ``force``."""
+    def maybe_save(self, states: Mapping[str, Stateful], step: int, force: bool = False) -> None:
+        """Save after ``step`` when it is due: every ``interval`` steps, at the last step, or when ``force``. The last
+        save is a full one (a finished run can be extended) and, with ``last_save_model_only``, also exports the
+        weights alone in ``export_dtype`` to ``<folder>/export/step-<step>``."""
         if not self.cfg.enable:
             return
-        last = state.step >= self.total_steps
-        if force or last or state.step % self.cfg.interval == 0:
-            self.save(state, model_only=last and self.cfg.last_save_model_only, export=last)
+        last = step >= self.total_steps
+        if force or last or step % self.cfg.interval == 0:
+            self.save(states, step)
+        if last and self.cfg.last_save_model_only:
+            self.save(states, step, export=True)
 
-    def save(self, state: TrainState, *, model_only: bool = False, export: bool = False) -> None:
-        """Write ``<folder>/step-<state.step>`` (in the background in async mode: staged copies, then a thread)."""
+    def save(
+        self, states: Mapping[str, Stateful], step: int, *, model_only: bool = False, export: bool = False
+    ) -> None:
+        """Write ``<folder>/step-<step>`` (in the background in async mode: staged copies, then a thread); model only:
+        just ``states["model"]``; export: model only, in ``export_dtype``, to ``<folder>/export/step-<step>``."""
         self.wait()
-        state_dict = self.state_dict(state, model_only=model_only)
-        dtype = self.cfg.export_dtype if model_only and export else "float32"
+        model_only = model_only or export
+        state_dict = {name: obj.state_dict() for name, obj in states.items() if not model_only or name == "model"}
+        dtype = self.cfg.export_dtype if export else "float32"
         if dtype != "float32":
             state_dict["model"] = {k: v.to(DTYPES[dtype]) for k, v in state_dict["model"].items()}
-        meta = {"step": state.step, "model_only": model_only, "dtype": dtype, "world_size": self.world_size}
+        meta = {"step": step, "model_only": model_only, "dtype": dtype, "world_size": self.world_size}
         meta.update(self.info)
+        folder = self.folder / store.EXPORT if export else self.folder
         if self.executor is None:
-            self._write(state_dict, state.step, meta)
+            self._write(state_dict, folder, step, meta)
         else:
             staged = self.stager.stage(state_dict)
-            self.pending = self.executor.submit(self._write, staged, state.step, meta)
+            self.pending = self.executor.submit(self._write, staged, folder, step, meta)
 
-    def _write(self, state_dict: dict[str, Any], step: int, meta: dict[str, Any]) -> None:
+    def _write(self, state_dict: dict[str, Any], folder: Path, step: int, meta: dict[str, Any]) -> None:
         start = time.perf_counter()
-        final = store.write_checkpoint(state_dict, self.folder, step, meta, self.group)
+        final = store.write_checkpoint(state_dict, folder, step, meta, self.group)
         if self.rank == 0:
             size = sum(f.stat().st_size for f in final.iterdir()) / 2**20
             self._say(f"saved {final} ({size:.1f} MiB, {time.perf_counter() - start:.2f}s)")
-            self._prune_in_background()
+            if folder == self.folder:  # exports are never pruned
+                self._prune_in_background()
 
     def _prune_in_background(self) -> None:
         """Rank 0: delete all but the newest ``keep_latest_k`` checkpoints off the training's critical path (one
@@ -190,38 +179,27 @@ class Checkpointer:
             self.stager.close()
             self.executor = None
 
-    def state_dict(
-        self, state: TrainState, *, model_only: bool, rng: bool = True, view: nn.Module | None = None
-    ) -> dict[str, Any]:
-        """The nested state dict DCP saves or loads in place (tensors only)."""
-        view = view or model_view(state.model_parts)
-        out: dict[str, Any] = {"model": get_model_state_dict(view)}
-        if model_only:
-            return out
-        optim = get_optimizer_state_dict(view, state.optimizer, options=FLAT)
-        out["optimizer"] = {k: v for k, v in optim.items() if k.startswith("state.")}
-        train = {"step": state.step, "lr_step": state.scheduler.last_epoch}
-        train.update({f"data.{k}": v for k, v in state.loader.state_dict().items()})
-        out["train"] = {k: torch.tensor(v, dtype=torch.int64) for k, v in train.items()}
-        if rng:
-            generators = {"cpu": torch.get_rng_state()}
-            if self.device.type == "cuda":
-                generators["cuda"] = torch.cuda.get_rng_state(self.device)
-            out["rng"] = {f"rank{self.rank}": generators}
-        return out
+    def last_good(self) -> str:
+        """Where a run resumes from, in words (after a failure)."""
+        steps = store.complete_steps(self.folder) if self.cfg.enable else []
+        if not steps:
+            return "no checkpoint was saved"
+        return f"the last good checkpoint is {store.step_dir(self.folder, steps[-1])} (a re-run resumes from it)"
 
     # -- loading ---------------------------------------------------------------------------------------------------
 
-    def load(self, state: TrainState) -> None:
-        """Resume from the latest complete checkpoint (or ``load_step``); without one, load the weights of
-        ``initial_load_path``. Removes checkpoints left incomplete by a crash."""
+    def load(self, states: Mapping[str, Stateful]) -> int:
+        """Resume ``states`` from the latest complete checkpoint (or ``load_step``); without one, load the weights of
+        ``initial_load_path`` into ``states["model"]``. Removes checkpoints left incomplete by a crash. Returns the
+        step training continues from (0: from the start)."""
         if self.cfg.create_seed_checkpoint:
-            return
+            return 0
         step = self._resume_step()
         if step >= 0:
-            self._load(state, store.step_dir(self.folder, step), weights_only=False)
-        elif self.cfg.initial_load_path:
-            self._load_initial(state, Path(self.cfg.initial_load_path))
+            return self._load(states, store.step_dir(self.folder, step), weights_only=False)
+        if self.cfg.initial_load_path:
+            self._load_initial(states, Path(self.cfg.initial_load_path))
+        return 0
 
     def _resume_step(self) -> int:
         if not self.cfg.enable:
@@ -240,81 +218,66 @@ class Checkpointer:
             return self.cfg.load_step
         return steps[-1] if steps else -1
 
-    def _load_initial(self, state: TrainState, path: Path) -> None:
+    def _load_initial(self, states: Mapping[str, Stateful], path: Path) -> None:
         from meshforge.checkpoint import hf
 
         if not path.exists():
             raise ConfigError(f"checkpoint.initial_load_path = {str(path)!r} does not exist")
         if hf.is_hf_checkpoint(path):
-            hf.load_hf_weights(state.model_parts, path, state.model_args)
+            model = states["model"]
+            assert isinstance(model, ModelParts), "Hugging Face import needs the model parts"
+            hf.load_hf_weights(model.parts, path, model.args)
             self._say(f"loaded Hugging Face weights from {path}")
             return
         if not (path / ".metadata").exists() and (steps := store.complete_steps(path)):
             path = store.step_dir(path, steps[-1])
-        self._load(state, path, weights_only=True)
+        self._load(states, path, weights_only=True)
 
-    def _load(self, state: TrainState, path: Path, *, weights_only: bool) -> None:
-        """Verify, check keys and shapes, then load ``path`` into the state (model only when weights_only or the
-        checkpoint holds only weights)."""
+    def _load(self, states: Mapping[str, Stateful], path: Path, *, weights_only: bool) -> int:
+        """Verify, check keys and shapes, then load ``path`` into the states (the model only when weights_only or
+        the checkpoint holds only weights); returns the checkpoint's step."""
         start = time.perf_counter()
         manifest = store.read_manifest(path)
         model_only = weights_only or bool(manifest and manifest.get("model_only"))
         step = int(manifest["step"]) if manifest else 0
         if model_only and not weights_only and 0 < step < self.total_steps:
             raise ConfigError(
-                f"checkpoint {path} holds only model weights (checkpoint.last_save_model_only): it cannot resume "
+                f"checkpoint {path} holds only model weights (a seed or an export): it cannot resume "
                 f"training to step {self.total_steps}; set checkpoint.load_step to a full checkpoint, or start a new "
                 "run from these weights with checkpoint.initial_load_path"
             )
         if manifest:
-            problems = [
-                p for part in self._gather(store.verify_files(path, manifest, self.rank, self.world_size)) for p in part
-            ]
-            if problems:
-                raise ConfigError(
-                    f"checkpoint damaged: {problems[0]}{self._more(problems)}; delete {path} to resume "
-                    "from an earlier checkpoint (or set checkpoint.load_step)"
-                )
+            self._verify(path, manifest)
         saved = store.saved_shapes(store.read_metadata(path))
         same_world = manifest is not None and manifest.get("world_size") == self.world_size
         rng = same_world and f"rng.rank{self.rank}.cpu" in saved
-        view = model_view(state.model_parts)
-        state_dict = self.state_dict(state, model_only=model_only, rng=rng, view=view)
+        chosen = {
+            name: obj for name, obj in states.items() if name == "model" or (not model_only and (name != "rng" or rng))
+        }
+        state_dict = {name: obj.state_dict() for name, obj in chosen.items()}
         wanted = {k: v for part in self._gather(flat_shapes(state_dict)) for k, v in part.items()}
         store.check_keys(path, wanted, saved)
         with store.single_process_quiet():
             dcp.load(state_dict, storage_reader=store.SafeReader(path), process_group=self.group)
-        self._apply(state, state_dict, view)
-        if model_only and not weights_only:
-            state.step = step
-        what = "weights" if model_only else f"step {state.step}"
-        self._say(f"loaded {what} from {path} in {time.perf_counter() - start:.2f}s")
-
-    def _apply(self, state: TrainState, state_dict: dict[str, Any], view: nn.Module) -> None:
-        set_model_state_dict(view, state_dict["model"])
-        if "optimizer" not in state_dict:
-            return
-        groups = {
-            k: v
-            for k, v in get_optimizer_state_dict(view, state.optimizer, options=FLAT).items()
-            if not k.startswith("state.")
-        }
-        set_optimizer_state_dict(view, state.optimizer, {**groups, **state_dict["optimizer"]}, options=FLAT)
-        train = {k: int(v) for k, v in state_dict["train"].items()}
-        state.step = train["step"]
-        state.loader.load_state_dict({k.removeprefix("data."): v for k, v in train.items() if k.startswith("data.")})
-        # the scheduler's own step computes the lr at the saved position (bitwise what an uninterrupted run has)
-        scheduler = state.scheduler
-        position = {"last_epoch": train["lr_step"] - 1, "_step_count": train["lr_step"] + 1}
-        scheduler.load_state_dict({**scheduler.state_dict(), **position})
-        scheduler.step()
-        generators = state_dict.get("rng", {}).get(f"rank{self.rank}")
-        if generators is not None:
-            torch.set_rng_state(generators["cpu"])
-            if "cuda" in generators:
-                torch.cuda.set_rng_state(generators["cuda"], self.device)
-        else:
+        for name, obj in chosen.items():  # in mapping order: the model before its optimizer
+            obj.load_state_dict(state_dict[name])
+        if not model_only and "rng" in states and "rng" not in chosen:
             self._say("generator states not restored (none saved for this world size); seeded from training.seed")
+        progress = chosen.get("train")
+        if isinstance(progress, TrainProgress) and progress.loaded_step is not None:
+            step = progress.loaded_step
+        what = "weights" if model_only else f"step {step}"
+        self._say(f"loaded {what} from {path} in {time.perf_counter() - start:.2f}s")
+        return 0 if weights_only else step
+
+    def _verify(self, path: Path, manifest: dict[str, Any]) -> None:
+        checks = store.verify_files(path, manifest, self.rank, self.world_size)
+        problems = [p for part in self._gather(checks) for p in part]
+        if problems:
+            raise ConfigError(
+                f"checkpoint damaged: {problems[0]}{self._more(problems)}; delete {path} to resume "
+                "from an earlier checkpoint (or set checkpoint.load_step)"
+            )
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 

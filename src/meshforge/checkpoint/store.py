@@ -4,6 +4,7 @@ Layout of ``<dump_folder>/<checkpoint.folder>``::
 
     step-20/             a complete checkpoint: DCP files (.metadata, __R_I.distcp) + meshforge.json (the manifest)
     step-30.tmp/         being written (or left by a crash): never loaded, removed at the next start
+    export/step-40/      the weights alone at the last step (checkpoint.last_save_model_only), same format
 
 A save writes into ``step-N.tmp``; after every rank has written its files, rank 0 adds the manifest (step, layout,
 size and CRC32 of every file) and renames the folder to ``step-N``. The rename is the commit: a folder named
@@ -38,6 +39,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from meshforge.errors import ConfigError
 
 MANIFEST = "meshforge.json"
+EXPORT = "export"  # subfolder of the model-only exports (never resumed from, never pruned)
 FORMAT = "meshforge-checkpoint-v1"
 _STEP = re.compile(r"^step-(\d+)$")
 _TMP = re.compile(r"^step-(\d+)\.tmp$")

@@ -94,9 +94,15 @@ class Training:
     """Micro-steps per optimizer step (global batch = dp degree x local batch x this)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device type: auto picks cuda when available."""
+    skip_nonfinite_steps: int = 0
+    """Skip the update of up to this many steps whose loss or grad norm is NaN/Inf; the next one stops the run."""
 
     def validate(self) -> None:
         _positive("training.local_batch_size", self.local_batch_size)
+        if self.skip_nonfinite_steps < 0:
+            raise ConfigError(
+                f"training.skip_nonfinite_steps = {self.skip_nonfinite_steps} must be >= 0 (0: stop at the first)"
+            )
         _positive("training.seq_len", self.seq_len)
         _positive("training.steps", self.steps)
         _positive("training.gradient_accumulation_steps", self.gradient_accumulation_steps)
@@ -266,9 +272,10 @@ class Checkpoint:
     load_step: int = -1
     """Resume from this step (-1: the latest complete checkpoint)."""
     last_save_model_only: bool = True
-    """The final checkpoint holds only model weights (for export)."""
+    """At the last step also export the weights alone to <folder>/export/step-N (step-N stays a full, resumable
+    checkpoint, so the run can be extended with a larger training.steps)."""
     export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype of the model-only final checkpoint."""
+    """Dtype of that model-only export."""
     initial_load_path: str = ""
     """Start from these weights (a seed checkpoint or an imported Hugging Face model) when no checkpoint exists."""
     create_seed_checkpoint: bool = False

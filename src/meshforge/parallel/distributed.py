@@ -63,6 +63,22 @@ def set_timeouts(mesh: DeviceMesh | None, seconds: int) -> None:
         _set_pg_timeout(timeout, group)
 
 
+def first_report(message: str) -> bool:
+    """True on the first rank of the job that reports ``message`` (always True without a process group): the ranks
+    of a job that all hit the same error print it once. Counted in the process group's store, no collective."""
+    if not dist.is_initialized():
+        return True
+    import hashlib
+
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    key = "meshforge/report/" + hashlib.sha1(message.encode()).hexdigest()
+    try:
+        return int(_get_default_store().add(key, 1)) == 1
+    except Exception:  # the store is gone (its host died): better twice than never
+        return True
+
+
 def finish(ok: bool = True, code: int = 1) -> None:
     """End a distributed rank cleanly: flush, barrier, destroy the group, then ``os._exit`` (gloo can abort at
     interpreter exit when sub-groups exist; this path never does)."""

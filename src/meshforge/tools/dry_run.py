@@ -146,7 +146,7 @@ def pipeline_plan(cfg: JobConfig, dims: ParallelDims, n_layers: int) -> tuple[st
     from meshforge.parallel.pipeline.stage import plan_pipeline
 
     par = cfg.parallelism
-    plan = plan_pipeline(par, cfg.training, dims, n_layers, cfg.compile.enable)
+    plan = plan_pipeline(par, cfg.training, dims, n_layers, cfg.compile.enable, cfg.activation_checkpoint)
     modules = plan.modules
     summary = (
         f"{len(modules)} stages, {len(modules) // dims.pp} per rank ({plan.spec.name}), {plan.n_microbatches} "

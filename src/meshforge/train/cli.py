@@ -72,15 +72,20 @@ def check_layout(cfg: JobConfig, world_size: int) -> None:
 
 
 def run(cfg: JobConfig) -> int:
-    """Train on this rank; user mistakes found after start-up end every rank with one line and exit 2."""
-    from meshforge.parallel.distributed import finish
+    """Train on this rank; user mistakes found after start-up end every rank with one line (printed by the first
+    rank that reports it) and exit 2; a diverged run ends with one line and exit 4."""
+    from meshforge.parallel.distributed import finish, first_report
+    from meshforge.train.divergence import EXIT_CODE, TrainingDiverged
     from meshforge.train.loop import train
 
     try:
         train(cfg)
-    except ConfigError as exc:  # a user mistake, raised the same way on every rank (config vs world/model)
-        print(f"meshforge train: error: {exc}", file=sys.stderr, flush=True)
-        finish(ok=False, code=2)
-        return 2
+    except (ConfigError, TrainingDiverged) as exc:  # raised the same way on every rank (config vs world/model)
+        code = EXIT_CODE if isinstance(exc, TrainingDiverged) else 2
+        message = f"meshforge train: error: {exc}"
+        if first_report(message):
+            print(message, file=sys.stderr, flush=True)
+        finish(ok=False, code=code)
+        return code
     finish(ok=True)
     return 0

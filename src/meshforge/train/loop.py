@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,10 +40,13 @@ from meshforge.parallel.distributed import DistContext, init_distributed, set_ti
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales
 from meshforge.parallel.parallelize import parallelize
 from meshforge.parallel.tensor_parallel import loss_parallel_context
+from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
 from meshforge.train.validate import build_validation_loader, should_validate, validate
 
 if TYPE_CHECKING:  # imported where used: pipelining pulls in dynamo (~1 s), DCP ~0.3 s; most runs need neither
+    from torch.distributed.checkpoint.stateful import Stateful
+
     from meshforge.checkpoint.dcp import Checkpointer
     from meshforge.parallel.pipeline.stage import Pipeline
 
@@ -65,6 +68,7 @@ class TrainState:
     step: int = 0
     precision: str = ""  # how training.mixed_precision_param was chosen (the banner says it)
     val_loader: PackedDataLoader | None = None
+    guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
 
 
 def setup(cfg: JobConfig) -> TrainState:
@@ -94,9 +98,10 @@ def setup(cfg: JobConfig) -> TrainState:
     state = TrainState(cfg, ctx, dims, mesh, model_args, model_parts, optimizer, scheduler, loader, metrics, pipeline)
     state.precision = precision
     state.val_loader = build_validation_loader(cfg, dims, ctx.rank, tokenizer.fingerprint)
+    state.guard = NonFiniteGuard(cfg.training.skip_nonfinite_steps, console=metrics.console)
     state.checkpointer = build_checkpointer(cfg, ctx, dims, metrics.console)
     if state.checkpointer is not None:  # resume (or load initial weights) now that optimizer and scheduler exist
-        state.checkpointer.load(state)
+        state.step = state.checkpointer.load(checkpoint_states(state))
     return state
 
 
@@ -110,6 +115,19 @@ def with_param_dtype(cfg: JobConfig, device: torch.device) -> tuple[JobConfig, s
         name, why = chosen[0]
     training = dataclasses.replace(cfg.training, mixed_precision_param=name)  # type: ignore[arg-type]
     return dataclasses.replace(cfg, training=training), f"{name} ({why})"
+
+
+def checkpoint_states(state: TrainState) -> dict[str, Stateful]:
+    """What a checkpoint holds, by name (checkpoint/stateful.py); the model before its optimizer."""
+    from meshforge.checkpoint.stateful import ModelParts, OptimizerState, RNGState, TrainProgress
+
+    model = ModelParts(state.model_parts, state.model_args)
+    return {
+        "model": model,
+        "optimizer": OptimizerState(model, state.optimizer),
+        "train": TrainProgress(lambda: state.step, state.scheduler, state.loader),
+        "rng": RNGState(state.ctx.rank, state.ctx.device),
+    }
 
 
 def build_checkpointer(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, console: bool) -> Checkpointer | None:
@@ -158,6 +176,7 @@ def build_model_parts(
             device=ctx.device,
             parallelize_part=parallelize_part,
             loss_fn=cross_entropy,
+            ac=cfg.activation_checkpoint,
         )
         return pipeline.model_parts, pipeline
     parallelize_part(model)
@@ -232,11 +251,15 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
         losses.append(forward_backward(state, inputs, labels, 1.0 / accum))
     params = [p for part in state.model_parts for p in part.parameters()]
     grad_norm = clip_grad_norm_(params, state.cfg.training.max_norm, sub_mesh(state.mesh, "pp"))
-    state.optimizer.step()
+    loss = torch.stack(losses).mean()
+    if state.guard.should_skip(state.step, grad_norm, loss):  # the same decision on every rank (global norm)
+        state.optimizer.zero_grad(set_to_none=True)
+    else:
+        state.optimizer.step()
     if fsdp_float8_all_gather(state.cfg.quantize.dense.float8, fsdp=state.dims.fsdp_enabled):
         precompute_float8_scales(state.model_parts)  # one all-reduce now instead of one per weight per all-gather
     state.scheduler.step()
-    return torch.stack(losses).mean(), grad_norm
+    return loss, grad_norm
 
 
 def global_mean(value: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:
@@ -258,6 +281,7 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
     """Train until training.steps; yields each logged record."""
     cfg = state.cfg
     first_step = state.step + 1  # > 1 after a resume
+    states = checkpoint_states(state)
     while state.step < cfg.training.steps:
         state.step += 1
         loss, grad_norm = train_step(state)
@@ -265,7 +289,7 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
         if state.step == first_step:
             set_timeouts(state.mesh, cfg.comm.train_timeout_seconds)
         if state.checkpointer is not None:  # before the yield: a consumer that stops here still has its checkpoint
-            state.checkpointer.maybe_save(state)
+            state.checkpointer.maybe_save(states, state.step)
         evaluation = validate(state, state.val_loader) if state.val_loader and should_validate(state.step, cfg) else {}
         if should_log(state.step, cfg) or evaluation:
             lr = float(state.scheduler.get_last_lr()[0])
@@ -323,12 +347,19 @@ def run_job(state: TrainState) -> list[dict[str, Any]]:
         )
     if cfg.checkpoint.create_seed_checkpoint:
         assert state.checkpointer is not None
-        state.checkpointer.save(state, model_only=True)  # step-0: initial weights any layout can load
+        # step-0: initial weights any layout can load
+        state.checkpointer.save(checkpoint_states(state), state.step, model_only=True)
         state.checkpointer.close()
         return []
     state.metrics.start(state.step)
-    with observed(state) as profiler:
-        records = list(run_steps(state, profiler))
+    try:
+        with observed(state) as profiler:
+            records = list(run_steps(state, profiler))
+    except TrainingDiverged as exc:
+        if state.checkpointer is not None:
+            state.checkpointer.close()  # a background save of an earlier, good step still commits
+            exc.args = (f"{exc.args[0]}; {state.checkpointer.last_good()}",)
+        raise
     if state.checkpointer is not None:
         state.checkpointer.close()
     state.metrics.close()

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _PipelineSchedule
 from torch.distributed.tensor import DTensor
 
-from meshforge.config.schema import Parallelism, Training
+from meshforge.config.schema import ActivationCheckpoint, Parallelism, Training
 from meshforge.errors import ConfigError
 from meshforge.model.llama import Transformer
 from meshforge.parallel.dims import ParallelDims, sub_mesh
@@ -199,8 +199,25 @@ class PipelinePlan:
     stage_rank: dict[int, int]
 
 
+def check_activation_checkpoint(spec: ScheduleSpec, ac: ActivationCheckpoint | None) -> None:
+    """Per-op selective AC cannot run a split backward: its cache of saved op outputs is consumed by the input-gradient
+    pass, so the weight-gradient pass of the same region fails ("Trying to backward an extra time"). Full AC and
+    every-N-th-block AC recompute the region each time and give the same gradients as no AC."""
+    if spec.split_backward and ac is not None and ac.mode == "selective" and ac.selective_ac_option == "op":
+        raise ConfigError(
+            f"activation_checkpoint.selective_ac_option = 'op' (the default) does not work with the {spec.name} "
+            "schedule's split input/weight backward; set activation_checkpoint.mode = 'full' or 'none', or "
+            "selective_ac_option = N (every N-th block)"
+        )
+
+
 def plan_pipeline(
-    parallelism: Parallelism, training: Training, dims: ParallelDims, n_layers: int, compile_enabled: bool
+    parallelism: Parallelism,
+    training: Training,
+    dims: ParallelDims,
+    n_layers: int,
+    compile_enabled: bool,
+    ac: ActivationCheckpoint | None = None,
 ) -> PipelinePlan:
     """Every pipeline check and the stage split, without building anything (used by training and the dry run)."""
     spec = schedule_spec(parallelism.pipeline_parallel_schedule, parallelism.pipeline_parallel_schedule_csv, dims.pp)
@@ -208,6 +225,7 @@ def plan_pipeline(
     modules, ranks = plan_stages(spec, parallelism, n_layers, dims.pp)
     check_microbatches(spec, n_micro, dims.pp, len(modules))
     check_compatibility(spec, parallelism, dims, compile_enabled)
+    check_activation_checkpoint(spec, ac)
     return PipelinePlan(spec, n_micro, modules, ranks)
 
 
@@ -222,9 +240,10 @@ def build_pipeline(
     device: torch.device,
     parallelize_part: Callable[[nn.Module], None],
     loss_fn: LossFn,
+    ac: ActivationCheckpoint | None = None,
 ) -> Pipeline:
     """Validate the layout, build and initialise this rank's stages, and the schedule (see the module docstring)."""
-    plan = plan_pipeline(parallelism, training, dims, model.args.n_layers, compile_enabled)
+    plan = plan_pipeline(parallelism, training, dims, model.args.n_layers, compile_enabled, ac)
     spec, n_micro, modules, ranks = plan.spec, plan.n_microbatches, plan.modules, plan.stage_rank
     pp_mesh = sub_mesh(mesh, "pp")
     assert pp_mesh is not None, "build_pipeline needs a mesh with a pp axis"
