@@ -98,7 +98,7 @@ def measure(flavor: str, root: Path) -> dict[str, float]:
         state.step = 1
     out = {k: statistics.median(v) for k, v in times.items()}
     out["full_mib"] = folder_mib(root / "checkpoint/step-2")
-    out["export_mib"] = folder_mib(root / "checkpoint/step-100")
+    out["export_mib"] = folder_mib(root / "checkpoint/export/step-100")
     out["params_m"] = param_counts(get_flavor(flavor)).total / 1e6
     return out
 

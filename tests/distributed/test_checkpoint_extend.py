@@ -7,8 +7,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
 from launcher import run_ranks
 from parity import BASE
 
@@ -19,8 +19,9 @@ ARGS = ["--training.local_batch_size", "4", "--lr_scheduler.decay_type", "consta
 ARGS += ["--checkpoint.interval", "100"]
 
 
-def train_run(dump: str, steps: int) -> tuple[dict[int, float], dict[str, torch.Tensor]]:
-    """Runs inside a rank: train to ``steps``; returns the losses and the full final weights."""
+def train_run(dump: str, steps: int) -> tuple[dict[int, float], dict[str, np.ndarray]]:
+    """Runs inside a rank: train to ``steps``; returns the losses and the full final weights (as numpy arrays:
+    tensors would travel as shared-memory handles that die with the rank)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from meshforge.config.io import load_config
@@ -29,7 +30,7 @@ def train_run(dump: str, steps: int) -> tuple[dict[int, float], dict[str, torch.
     state = setup(load_config(None, [*BASE, *ARGS, "--job.dump_folder", dump, "--training.steps", str(steps)]))
     records = run_job(state)
     weights = get_model_state_dict(state.model_parts[0], options=StateDictOptions(full_state_dict=True))
-    return {r["step"]: r["loss"] for r in records}, {k: v.clone() for k, v in weights.items()}
+    return {r["step"]: r["loss"] for r in records}, {k: v.detach().numpy().copy() for k, v in weights.items()}
 
 
 def test_extending_a_finished_run_is_bitwise_twenty_straight_steps() -> None:
@@ -42,5 +43,5 @@ def test_extending_a_finished_run_is_bitwise_twenty_straight_steps() -> None:
     assert sorted(first) == list(range(1, 11)) and sorted(second) == list(range(11, 21))
     assert {**first, **second} == straight  # bitwise
     assert weights.keys() == straight_weights.keys()
-    assert all(torch.equal(weights[k], straight_weights[k]) for k in weights)
+    assert all(np.array_equal(weights[k], straight_weights[k]) for k in weights)
     assert (folder / "step-20/meshforge.json").is_file() and (folder / "export/step-20/meshforge.json").is_file()

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from meshforge.checkpoint import store
 from meshforge.checkpoint.stateful import FLAT, ModelParts, TrainProgress, model_view
+from meshforge.config.io import check_writable
 from meshforge.config.schema import Checkpoint
 from meshforge.device.dtypes import DTYPES
 from meshforge.errors import ConfigError
@@ -101,6 +102,8 @@ class Checkpointer:
             )
         if cfg.load_step >= 0 and not cfg.enable:
             raise ConfigError(f"checkpoint.load_step = {cfg.load_step} needs checkpoint.enable = true")
+        if cfg.enable or cfg.create_seed_checkpoint:  # every rank writes its own shards
+            check_writable(self.folder, "checkpoint.folder")
 
     # -- saving ----------------------------------------------------------------------------------------------------
 

@@ -180,3 +180,19 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def to_toml(cfg: Any) -> str:
     """The effective config as TOML text."""
     return tomli_w.dumps(to_dict(cfg))
+
+
+def check_writable(folder: Path, key: str) -> None:
+    """Create ``folder`` and write a probe file in it; `ConfigError` in one line naming ``key`` when that fails (a
+    run would otherwise fail at its first save, after the first steps)."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".meshforge-probe-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            f"{key}: cannot write to {folder} ({reason}); choose a writable folder (job.dump_folder sets the root)"
+        ) from None

@@ -63,18 +63,27 @@ def set_timeouts(mesh: DeviceMesh | None, seconds: int) -> None:
         _set_pg_timeout(timeout, group)
 
 
-def first_report(message: str) -> bool:
+def first_report(message: str, wait_s: float = 5.0) -> bool:
     """True on the first rank of the job that reports ``message`` (always True without a process group): the ranks
-    of a job that all hit the same error print it once. Counted in the process group's store, no collective."""
+    of a job that all hit the same error print it once. Counted in the process group's store (no collective); rank 0
+    then waits up to ``wait_s`` for every rank's report, since its exit may take the store down."""
     if not dist.is_initialized():
         return True
     import hashlib
+    import time
 
     from torch.distributed.distributed_c10d import _get_default_store
 
     key = "meshforge/report/" + hashlib.sha1(message.encode()).hexdigest()
     try:
-        return int(_get_default_store().add(key, 1)) == 1
+        store = _get_default_store()
+        first = int(store.add(key, 1)) == 1
+        reported = int(store.add("meshforge/reports", 1))
+        deadline = time.monotonic() + wait_s
+        while dist.get_rank() == 0 and reported < dist.get_world_size() and time.monotonic() < deadline:
+            time.sleep(0.05)
+            reported = int(store.add("meshforge/reports", 0))
+        return first
     except Exception:  # the store is gone (its host died): better twice than never
         return True
 

@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshforge.config.schema import ActivationCheckpoint, Compile, Float8, Parallelism, Training
+from meshforge.errors import ConfigError
 from meshforge.parallel.activation_ckpt import apply_ac
 from meshforge.parallel.context_parallel import apply_cp, resolve_cp_impl
 from meshforge.parallel.dims import ParallelDims, sub_mesh
@@ -24,8 +25,23 @@ from meshforge.parallel.fsdp import apply_fsdp, resolve_reshard_after_forward
 from meshforge.parallel.tensor_parallel import apply_tp
 
 
+def check_compile_backend(backend: str) -> None:
+    """A one-line ValueError for a torch.compile backend this torch does not know."""
+    from torch._dynamo.backends.registry import list_backends, lookup_backend
+    from torch._dynamo.exc import InvalidBackend
+
+    try:
+        lookup_backend(backend)
+    except InvalidBackend:
+        raise ConfigError(
+            f"compile.backend = {backend!r} is not a torch.compile backend here; choose one of "
+            f"{', '.join(list_backends())}"
+        ) from None
+
+
 def apply_compile(model: nn.Module, cfg: Compile) -> None:
     """torch.compile each transformer block (identical blocks share one compiled graph)."""
+    check_compile_backend(cfg.backend)
     layers: nn.ModuleDict = model.layers  # type: ignore[assignment]
     for name, block in list(layers.items()):
         layers[name] = torch.compile(block, backend=cfg.backend, fullgraph=True)  # type: ignore[assignment]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 from meshforge.config.io import ConfigError, load_config
@@ -21,27 +20,30 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def launch_torchrun(nproc: int, argv: list[str]) -> int:
-    """Re-run this command under torchrun with ``nproc`` local processes."""
+    """Re-run this command under torchrun (in this process) with ``nproc`` local processes; a failed job ends with
+    one line naming the first failed rank and its exit code, which is returned (no launcher traceback)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
     rest = [a for i, a in enumerate(argv) if a != "--nproc" and (i == 0 or argv[i - 1] != "--nproc")]
     rest = [a for a in rest if not a.startswith("--nproc=")]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "meshforge",
-        "train",
-        *rest,
-    ]
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        # a restarted attempt (--max-restarts) must not inherit the dead attempt's store keys (pytorch#135712)
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-    }
-    return subprocess.call(cmd, env=env)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # a restarted attempt (--max-restarts) must not inherit the dead attempt's store keys (pytorch#135712)
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    try:
+        run(parse_args(["--standalone", f"--nproc_per_node={nproc}", "-m", "meshforge", "train", *rest]))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        failed = len(exc.failures)
+        print(
+            f"meshforge train: rank {rank} {how} ({failed} of {nproc} ranks failed; their output is above)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return code if code > 0 else 1
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -54,7 +56,9 @@ def main(argv: list[str]) -> int:
 
         return dry_run(cfg, args.world_size)
     if args.nproc:
-        check_layout(cfg, args.nproc)
+        from meshforge.train.preflight import preflight
+
+        preflight(cfg, args.nproc)  # every mistake the ranks would find, reported once before any starts
         return launch_torchrun(args.nproc, argv)
     return run(cfg)
 

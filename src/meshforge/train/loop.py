@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from meshforge.config.io import to_toml
+from meshforge.config.io import check_writable, to_toml
 from meshforge.config.schema import JobConfig
 from meshforge.data.loader import PackedDataLoader, build_dataloader
 from meshforge.data.tokenizer import build_tokenizer
@@ -73,6 +73,7 @@ class TrainState:
 
 def setup(cfg: JobConfig) -> TrainState:
     """Everything a run needs, built in the one direction data flows."""
+    check_writable(Path(cfg.job.dump_folder), "job.dump_folder")
     ctx = init_distributed(cfg.training.device, cfg.comm.init_timeout_seconds)
     cfg, precision = with_param_dtype(cfg, ctx.device)
     if cfg.training.deterministic:
