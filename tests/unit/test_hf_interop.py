@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -154,3 +155,28 @@ def test_mismatched_weights_fail_in_one_line(tmp_path: Path) -> None:
     save_file(hf, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"missing model.layers.3.mlp.up_proj.weight"):
         hf_interop.load_hf(tmp_path, ARGS)
+
+
+def test_export_streams_tensor_by_tensor_into_bounded_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    _, weights = model_weights(seed=8)
+    hf_interop.save_hf(weights, ARGS, tmp_path / "hf", dtype="float32")
+    assert hf_interop.main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "ckpt"), "--flavor", "tiny"]) == 0
+    loaded: list[int] = []
+    real_load = dcp.load
+
+    def load(state_dict: dict[str, Any], **kwargs: Any) -> None:
+        loaded.append(len(state_dict["model"]))
+        real_load(state_dict, **kwargs)
+
+    monkeypatch.setattr(dcp, "load", load)
+    out = tmp_path / "out"
+    argv = ["to-hf", str(tmp_path / "ckpt"), str(out), "--dtype", "float32", "--max-shard-mib", "1"]
+    assert hf_interop.main(argv) == 0
+    assert loaded == [1] * len(weights)  # one tensor per read: the full model is never in memory
+    files = sorted(out.glob("*.safetensors"))
+    assert len(files) > 1 and all(f.stat().st_size <= 2**20 + 2**14 for f in files)  # + the safetensors header
+    assert (out / "model.safetensors.index.json").is_file()
+    back = hf_interop.load_hf(out, ARGS)
+    assert back.keys() == weights.keys() and all(torch.equal(back[k], weights[k]) for k in weights)

@@ -22,12 +22,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from meshforge.checkpoint import store
 from meshforge.device.dtypes import DTYPES
@@ -231,7 +234,7 @@ def _source_names(path: Path, args: ModelArgs) -> tuple[dict[str, Path], dict[st
 
 def load_hf_weights(model_parts: list[nn.Module], path: Path, args: ModelArgs) -> None:
     """Copy HF weights into this rank's (possibly sharded, possibly pipeline-split) model parts, one tensor at a
-    time; each rank keeps its own shard."""
+    time. A DTensor parameter reads only its own shard from the file (``get_slice``): no rank reads the full model."""
     from safetensors import safe_open
 
     files, names = _source_names(path, args)
@@ -240,11 +243,31 @@ def load_hf_weights(model_parts: list[nn.Module], path: Path, args: ModelArgs) -
         for part in model_parts:
             for name, param in part.named_parameters():
                 fqn = canonical_name(name)
-                tensor = handles[files[names[fqn]]].get_tensor(names[fqn])
-                heads = _rope_heads(fqn, args)
-                full = permute_from_hf(tensor, heads) if heads else tensor
+                handle, hf = handles[files[names[fqn]]], names[fqn]
                 with torch.no_grad():
-                    copy_into(param, full.to(device=param.device))
+                    if isinstance(param, DTensor):
+                        local = read_local_shard(handle, hf, param, _rope_heads(fqn, args))
+                        param.to_local().copy_(local.to(device=param.device, dtype=param.dtype))
+                        continue
+                    tensor = handle.get_tensor(hf)
+                    heads = _rope_heads(fqn, args)
+                    copy_into(param, (permute_from_hf(tensor, heads) if heads else tensor).to(device=param.device))
+
+
+def read_local_shard(handle: Any, name: str, param: DTensor, heads: int | None) -> torch.Tensor:
+    """This rank's block of a sharded parameter, read from an open safetensors file by slices. For the RoPE-permuted
+    wq / wk rows the whole heads covering the block are read (the permutation stays within a head), then cut."""
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if any(size == 0 for size in shape):  # an uneven split left this rank nothing
+        return torch.empty(shape)
+    index = [slice(start, start + size) for start, size in zip(offset, shape, strict=True)]
+    if heads is None:
+        return handle.get_slice(name)[tuple(index)]
+    head_dim = param.shape[0] // heads
+    first, last = offset[0] // head_dim, -(-(offset[0] + shape[0]) // head_dim)
+    rows = handle.get_slice(name)[(slice(first * head_dim, last * head_dim), *index[1:])]
+    block = permute_from_hf(rows, last - first)
+    return block[offset[0] - first * head_dim : offset[0] - first * head_dim + shape[0]]
 
 
 def load_hf(path: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
@@ -293,13 +316,62 @@ def hf_to_checkpoint(hf_path: Path, folder: Path, args: ModelArgs, flavor: str) 
     return store.write_checkpoint({"model": weights}, folder, 0, meta, None)
 
 
-def checkpoint_to_hf(path: Path, out: Path, flavor: str | None, dtype: str) -> Path:
-    """Export a DCP checkpoint's model as HF safetensors + config.json; the flavor defaults to the manifest's."""
-    weights, manifest = read_checkpoint_model(path)
+def checkpoint_to_hf(path: Path, out: Path, flavor: str | None, dtype: str, max_shard_mib: int = 4096) -> Path:
+    """Export a DCP checkpoint's model as HF safetensors + config.json, streamed: tensors are read one at a time and
+    written in files of at most ``max_shard_mib`` (``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` +
+    ``model.safetensors.index.json``), so memory holds one file's worth, never the whole model. The flavor defaults
+    to the manifest's."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    path = _latest_step(path)
+    manifest = store.read_manifest(path)
+    if manifest and (problems := store.verify_files(path, manifest, 0, 1)):
+        raise ConfigError(f"checkpoint damaged: {problems[0]}")
     name = flavor or (manifest or {}).get("flavor")
     if not name:
         raise ConfigError(f"{path} has no manifest naming its flavor: pass --flavor")
-    return save_hf(weights, get_flavor(name), out, dtype)
+    args = get_flavor(name)
+    saved = store.saved_shapes(store.read_metadata(path))
+    shapes = {k.removeprefix("model."): s for k, s in saved.items() if k.startswith("model.") and s}
+    if not shapes:
+        raise ConfigError(f"checkpoint {path} holds no model weights")
+    limit, size = max_shard_mib * 2**20, DTYPES[dtype].itemsize
+    groups: list[list[str]] = [[]]
+    for fqn, shape in shapes.items():
+        if groups[-1] and (sum(math.prod(shapes[k]) for k in groups[-1]) + math.prod(shape)) * size > limit:
+            groups.append([])
+        groups[-1].append(fqn)
+    files = (
+        ["model.safetensors"]
+        if len(groups) == 1
+        else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for file, group in zip(files, groups, strict=True):
+        shard = {}
+        for fqn in group:  # one tensor in memory at a time (float32), converted, then kept until its file is written
+            tensor = torch.empty(shapes[fqn])
+            with store.single_process_quiet():
+                dcp.load({"model": {fqn: tensor}}, storage_reader=store.SafeReader(path))
+            shard.update(to_hf({fqn: tensor}, args, dtype))
+        save_file(shard, str(out / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    if len(files) > 1:
+        index = {
+            "metadata": {"total_size": sum(math.prod(s) for s in shapes.values()) * size},
+            "weight_map": weight_map,
+        }
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    (out / "config.json").write_text(json.dumps(hf_config(args, dtype), indent=2) + "\n")
+    return out
+
+
+def _latest_step(path: Path) -> Path:
+    if not (path / ".metadata").exists() and (steps := store.complete_steps(path)):
+        return store.step_dir(path, steps[-1])
+    return path
 
 
 def main(argv: list[str]) -> int:
@@ -310,6 +382,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("dst", type=Path)
     parser.add_argument("--flavor", default=None, help="model flavor (from-hf: required; to-hf: from the manifest)")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="to-hf: dtype of the export")
+    parser.add_argument("--max-shard-mib", type=int, default=4096, help="to-hf: largest safetensors file (MiB)")
     args = parser.parse_args(argv)
     try:
         if args.direction == "from-hf":
@@ -317,7 +390,7 @@ def main(argv: list[str]) -> int:
                 parser.error("from-hf needs --flavor")
             done = hf_to_checkpoint(args.src, args.dst, get_flavor(args.flavor), args.flavor)
         else:
-            done = checkpoint_to_hf(args.src, args.dst, args.flavor, args.dtype)
+            done = checkpoint_to_hf(args.src, args.dst, args.flavor, args.dtype, args.max_shard_mib)
     except ConfigError as exc:
         print(f"meshforge convert: error: {exc}", file=sys.stderr, flush=True)
         return 2
