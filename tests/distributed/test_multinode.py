@@ -1,0 +1,101 @@
+"""Two "nodes" on this machine, as users launch them: two torchrun launchers (``--nnodes 2``, 2 local ranks each,
+c10d rendezvous on 127.0.0.1) train FSDP 2 x TP 2 and resume from a checkpoint; losses equal the same layout started
+by the forking launcher bit for bit. Killing one node mid-run makes the other node's ranks exit within
+comm.train_timeout_seconds + 60 s with a line naming the lost ranks, and relaunching both resumes bit-exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launcher import free_port, run_ranks
+from parity import BASE, train_records
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+TRAIN_TIMEOUT = 10
+LAYOUT = ["--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "4"]
+LAYOUT += ["--lr_scheduler.decay_type", "constant", "--metrics.progress_bar", "false"]
+LAYOUT += ["--checkpoint.enable", "--checkpoint.interval", "2", "--comm.train_timeout_seconds", str(TRAIN_TIMEOUT)]
+
+
+def start_node(port: int, dump: Path, steps: int, run_id: str) -> subprocess.Popen[str]:
+    """One node's launcher (in its own session, so a kill takes its ranks with it, as a dead node would)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2"]
+    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
+    cmd += ["-m", "meshforge", "train", *BASE, *LAYOUT, "--job.dump_folder", str(dump), "--training.steps", str(steps)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def losses(dump: Path) -> dict[int, float]:
+    path = dump / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {r["step"]: r["loss"] for r in map(json.loads, (line for line in lines if line.endswith("}")))}
+
+
+def two_nodes(dump: Path, steps: int, run_id: str) -> list[tuple[int, str]]:
+    port = free_port()
+    nodes = [start_node(port, dump, steps, run_id) for _ in range(2)]
+    out = []
+    for node in nodes:
+        _, err = node.communicate(timeout=600)
+        out.append((node.returncode, err))
+    return out
+
+
+def reference(steps: int) -> dict[int, float]:
+    records: list[dict[str, Any]] = run_ranks(train_records, 4, [*LAYOUT, "--training.steps", str(steps)])[0]
+    return {r["step"]: r["loss"] for r in records}
+
+
+def test_two_nodes_train_fsdp2_tp2_and_resume() -> None:
+    dump = Path(tempfile.mkdtemp(prefix="meshforge-2node-"))
+    for code, err in two_nodes(dump, 4, "first"):
+        assert code == 0, err[-3000:]
+    assert (dump / "checkpoint/step-4/meshforge.json").is_file()
+    for code, err in two_nodes(dump, 6, "second"):  # the same command, extended: resumes from step-4
+        assert code == 0, err[-3000:]
+    assert losses(dump) == reference(6)  # bitwise, steps 1-6
+
+
+def test_killed_node_stops_the_other_with_the_lost_ranks_and_both_resume() -> None:
+    dump = Path(tempfile.mkdtemp(prefix="meshforge-2node-kill-"))
+    port = free_port()
+    nodes = [start_node(port, dump, 12, "kill") for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 400
+        while max(losses(dump), default=0) < 3 and time.monotonic() < deadline:
+            assert all(n.poll() is None for n in nodes), "a node ended before the kill"
+            time.sleep(0.1)
+        before = losses(dump)
+        os.killpg(nodes[1].pid, signal.SIGKILL)  # the whole node: launcher and its ranks
+        killed = time.monotonic()
+        _, err = nodes[0].communicate(timeout=TRAIN_TIMEOUT + 60)
+        waited = time.monotonic() - killed
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    assert nodes[0].returncode != 0 and waited < TRAIN_TIMEOUT + 60
+    wrote = {int(p.stem.split("_")[1]) for p in (dump / "hang").glob("rank_*.txt")}
+    lost = sorted(set(range(4)) - wrote)
+    assert len(lost) == 2 and f"none from ranks {lost}" in err, err[-3000:]
+    saved = sorted(int(p.name.split("-")[1]) for p in (dump / "checkpoint").glob("step-*") if "." not in p.name)
+    assert saved and saved[-1] >= 2
+    for code, out in two_nodes(dump, 12, "relaunch"):
+        assert code == 0, out[-3000:]
+    after = losses(dump)
+    assert sorted(after) == list(range(1, 13))
+    assert all(after[s] == before[s] for s in before if s <= saved[-1])
+    assert after == reference(12)  # the resumed run is the uninterrupted one, bit for bit
