@@ -6,6 +6,9 @@
 #   sbatch --nodes 32 scripts/slurm_bench.sh configs/bench/llama3_70b_256gpu.toml outputs/bench/llama3-70b-256gpu
 #   sbatch --nodes 64 scripts/slurm_bench.sh configs/bench/llama3_405b_512gpu.toml outputs/bench/llama3-405b-512gpu
 #
+# PRINT_COMMANDS=1 prints each node's command (SLURM_NODEID substituted) instead of running srun: outside SLURM set
+# SLURM_NNODES and HEAD (tests/integration/test_slurm_script.py runs the printed commands as two local "nodes").
+#
 #SBATCH --job-name=meshforge-bench
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
@@ -20,15 +23,22 @@ OUT=${2:-outputs/bench/$(basename "$MATRIX" .toml)}
 shift $(( $# >= 2 ? 2 : 1 ))
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 PORT=${RDZV_PORT:-29500}
-HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+HEAD=${HEAD:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}
 PYTHON=${PYTHON:-.venv/bin/python}
 
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 
-echo "meshforge bench: $MATRIX on $SLURM_NNODES nodes x $GPUS_PER_NODE GPUs, rendezvous $HEAD:$PORT, out $OUT"
-# bash -c so that SLURM_NODEID is read on each node, not here.
-srun --kill-on-bad-exit=0 bash -c "exec $PYTHON -m meshforge bench --config '$MATRIX' --out '$OUT' \
+COMMAND="exec $PYTHON -m meshforge bench --config '$MATRIX' --out '$OUT' \
   --nnodes $SLURM_NNODES --node-rank \$SLURM_NODEID --nproc-per-node $GPUS_PER_NODE \
   --rdzv-endpoint $HEAD:$PORT --compare-with reference $*"
+if [[ "${PRINT_COMMANDS:-0}" == 1 ]]; then
+  for (( node = 0; node < SLURM_NNODES; node++ )); do
+    echo "${COMMAND//\$SLURM_NODEID/$node}"
+  done
+  exit 0
+fi
+echo "meshforge bench: $MATRIX on $SLURM_NNODES nodes x $GPUS_PER_NODE GPUs, rendezvous $HEAD:$PORT, out $OUT"
+# bash -c so that SLURM_NODEID is read on each node, not here.
+srun --kill-on-bad-exit=0 bash -c "$COMMAND"
