@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,12 +28,13 @@ LAYOUT += ["--lr_scheduler.decay_type", "constant", "--metrics.progress_bar", "f
 LAYOUT += ["--checkpoint.enable", "--checkpoint.interval", "2", "--comm.train_timeout_seconds", str(TRAIN_TIMEOUT)]
 
 
-def start_node(port: int, dump: Path, steps: int, run_id: str) -> subprocess.Popen[str]:
-    """One node's launcher (in its own session, so a kill takes its ranks with it, as a dead node would)."""
+def start_node(port: int, dump: Path, steps: int, run_id: str, share_store: bool = False) -> subprocess.Popen[str]:
+    """One node's launcher (in its own session, so a kill takes its ranks with it, as a dead node would). With
+    ``share_store`` the job uses the rendezvous host's store (torchrun's default) instead of one hosted by rank 0."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2"]
     cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
     cmd += ["-m", "meshforge", "train", *BASE, *LAYOUT, "--job.dump_folder", str(dump), "--training.steps", str(steps)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0" if share_store else "1"}
     return subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -51,6 +53,18 @@ def global_ranks(launcher: int) -> set[int]:
         if ppid == launcher and ranks:
             out.add(int(ranks[0]))
     return out
+
+
+def wait_listening(port: int, node: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Until the first launcher hosts the rendezvous store on ``port``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert node.poll() is None, "the first node ended before the rendezvous"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"no rendezvous store on port {port}")
 
 
 def losses(dump: Path) -> dict[int, float]:
@@ -87,15 +101,18 @@ def test_two_nodes_train_fsdp2_tp2_and_resume() -> None:
 def test_killed_node_stops_the_other_with_the_lost_ranks_and_both_resume() -> None:
     dump = Path(tempfile.mkdtemp(prefix="meshforge-2node-kill-"))
     port = free_port()
-    nodes = [start_node(port, dump, 12, "kill") for _ in range(2)]
+    # node 0 hosts the rendezvous (and, shared, the job's store): a launcher whose rendezvous host dies exits with
+    # torchrun's own RendezvousConnectionError, so the node that dies here is the other one
+    nodes = [start_node(port, dump, 12, "kill", share_store=True)]
+    wait_listening(port, nodes[0])
+    nodes.append(start_node(port, dump, 12, "kill", share_store=True))
     try:
         deadline = time.monotonic() + 400
         while max(losses(dump), default=0) < 3 and time.monotonic() < deadline:
             assert all(n.poll() is None for n in nodes), "a node ended before the kill"
             time.sleep(0.1)
         before = losses(dump)
-        # the node without rank 0 (rank 0 hosts the job's store, through which the survivors compare notes)
-        doomed, survivor = (1, 0) if 0 in global_ranks(nodes[0].pid) else (0, 1)
+        doomed, survivor = 1, 0
         lost = sorted(global_ranks(nodes[doomed].pid))
         os.killpg(nodes[doomed].pid, signal.SIGKILL)  # the whole node: launcher and its ranks
         killed = time.monotonic()
