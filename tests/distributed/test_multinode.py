@@ -29,7 +29,7 @@ LAYOUT += ["--checkpoint.enable", "--checkpoint.interval", "2", "--comm.train_ti
 
 
 def start_node(port: int, dump: Path, steps: int, run_id: str, share_store: bool = False) -> subprocess.Popen[str]:
-    """One node's launcher (in its own session, so a kill takes its ranks with it, as a dead node would). With
+    """One node's launcher (in its own session, so that the test can end it and whatever it started). With
     ``share_store`` the job uses the rendezvous host's store (torchrun's default) instead of one hosted by rank 0."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2"]
     cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
@@ -40,9 +40,9 @@ def start_node(port: int, dump: Path, steps: int, run_id: str, share_store: bool
     )
 
 
-def global_ranks(launcher: int) -> set[int]:
-    """RANK of the worker processes a launcher started."""
-    out = set()
+def global_ranks(launcher: int) -> dict[int, int]:
+    """RANK -> pid of the worker processes a launcher started (each in its own session, as torchrun starts them)."""
+    out = {}
     for entry in Path("/proc").iterdir():
         try:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -51,7 +51,7 @@ def global_ranks(launcher: int) -> set[int]:
             continue
         ranks = [v.split(b"=", 1)[1] for v in env if v.startswith(b"RANK=")]
         if ppid == launcher and ranks:
-            out.add(int(ranks[0]))
+            out[int(ranks[0])] = int(entry.name)
     return out
 
 
@@ -113,15 +113,18 @@ def test_killed_node_stops_the_other_with_the_lost_ranks_and_both_resume() -> No
             time.sleep(0.1)
         before = losses(dump)
         doomed, survivor = 1, 0
-        lost = sorted(global_ranks(nodes[doomed].pid))
-        os.killpg(nodes[doomed].pid, signal.SIGKILL)  # the whole node: launcher and its ranks
+        workers = global_ranks(nodes[doomed].pid)
+        lost = sorted(workers)
+        for pid in [nodes[doomed].pid, *workers.values()]:  # the whole node: launcher and its ranks
+            os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         _, err = nodes[survivor].communicate(timeout=TRAIN_TIMEOUT + 60)
         waited = time.monotonic() - killed
     finally:
         for node in nodes:
             if node.poll() is None:
-                os.killpg(node.pid, signal.SIGKILL)
+                for pid in [node.pid, *global_ranks(node.pid).values()]:
+                    os.kill(pid, signal.SIGKILL)
     assert nodes[survivor].returncode != 0 and waited < TRAIN_TIMEOUT + 60
     assert len(lost) == 2 and f"none from ranks {lost}" in err, err[-3000:]
     saved = sorted(int(p.name.split("-")[1]) for p in (dump / "checkpoint").glob("step-*") if "." not in p.name)
