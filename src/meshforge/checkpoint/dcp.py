@@ -208,7 +208,7 @@ class Checkpointer:
         if not self.cfg.enable:
             return -1
         if self.rank == 0:
-            for path in store.remove_incomplete(self.folder):
+            for path in [*store.remove_incomplete(self.folder), *store.remove_incomplete(self.folder / store.EXPORT)]:
                 self._say(f"removed incomplete checkpoint {path}")
         self._barrier()
         steps = store.complete_steps(self.folder)
