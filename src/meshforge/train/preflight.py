@@ -35,19 +35,14 @@ def preflight(cfg: JobConfig, world_size: int) -> None:
     local = dataclasses.replace(
         cfg, training=dataclasses.replace(cfg.training, device=local_device(cfg.training.device))
     )
-    try:
-        plan(local, world_size)
-        if not cfg.model.tokenizer_path.startswith("hf:"):
-            from meshforge.data.tokenizer import resolve_path
+    plan(local, world_size)
+    if not cfg.model.tokenizer_path.startswith("hf:"):
+        from meshforge.data.tokenizer import resolve_path
 
-            resolve_path(cfg.model.tokenizer_path)
-        check_writable(Path(cfg.job.dump_folder), "job.dump_folder")
-        ck = cfg.checkpoint
-        if ck.enable or ck.create_seed_checkpoint:
-            check_writable(Path(cfg.job.dump_folder) / ck.folder, "checkpoint.folder")
-        if ck.initial_load_path and not Path(ck.initial_load_path).exists():
-            raise ValueError(f"checkpoint.initial_load_path = {ck.initial_load_path!r} does not exist")
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        resolve_path(cfg.model.tokenizer_path)
+    check_writable(Path(cfg.job.dump_folder), "job.dump_folder")
+    ck = cfg.checkpoint
+    if ck.enable or ck.create_seed_checkpoint:
+        check_writable(Path(cfg.job.dump_folder) / ck.folder, "checkpoint.folder")
+    if ck.initial_load_path and not Path(ck.initial_load_path).exists():
+        raise ConfigError(f"checkpoint.initial_load_path = {ck.initial_load_path!r} does not exist")
