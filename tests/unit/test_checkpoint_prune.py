@@ -11,6 +11,7 @@ import pytest
 from test_checkpoint_store import checkpointer, make_state, take_steps
 
 from meshforge.checkpoint import store
+from meshforge.train.loop import checkpoint_states
 
 
 def test_pruning_runs_in_the_background_and_still_happens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,7 +30,7 @@ def test_pruning_runs_in_the_background_and_still_happens(tmp_path: Path, monkey
     start = time.perf_counter()
     for _ in range(3):
         take_steps(state, 2)
-        ck.maybe_save(state)  # returns although the deletion is blocked
+        ck.maybe_save(checkpoint_states(state), state.step)  # returns although the deletion is blocked
     assert time.perf_counter() - start < 25
     assert store.complete_steps(tmp_path / "checkpoint") == [2, 4, 6]  # nothing deleted yet
     release.set()
@@ -42,6 +43,6 @@ def test_no_pruner_thread_when_everything_is_kept(tmp_path: Path) -> None:
     state = make_state(seed=1)
     ck = checkpointer(tmp_path)
     take_steps(state, 2)
-    ck.maybe_save(state)
+    ck.maybe_save(checkpoint_states(state), state.step)
     assert ck.pruner is None
     ck.close()
