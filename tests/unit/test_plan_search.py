@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from meshforge.config.io import load_config
+from meshforge.config.io import ConfigError, load_config
+from meshforge.model.flavors import get_flavor
 from meshforge.plan import advisor, article, report
 from meshforge.plan.hardware import load_hardware
-from meshforge.plan.layout import layout_from_config
+from meshforge.plan.layout import Layout, check_layout, layout_from_config
 
 CASES = {"8B": article.CASES[0], "70B": article.CASES[3], "405B": article.CASES[6]}
 
@@ -47,3 +50,16 @@ def test_search_respects_meshforge_rules() -> None:
             lay = est.layout
             assert not (lay.compile and lay.schedule in ("ZBVZeroBubble", "InterleavedZeroBubble") and lay.pp > 1)
             assert fp8 or not lay.float8
+
+
+def test_zero_bubble_with_per_op_selective_ac_is_refused_as_training_refuses_it() -> None:
+    """parallel/pipeline/stage.py refuses split-backward schedules under per-op selective AC; the planner must not
+    recommend what training would refuse."""
+    args = get_flavor("8B")
+    layout = Layout(
+        flavor="8B", seq_len=8192, local_batch_size=8, dp_shard=4, pp=2, schedule="ZBVZeroBubble",
+        stages_per_rank=2, ac_mode="selective", sac_option="op", reshard_after_forward=False,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="per-op selective AC"):
+        check_layout(layout, args)
+    check_layout(replace(layout, ac_mode="full"), args)

@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from meshforge.checkpoint import store
+from meshforge.checkpoint.hf_moe import LAYER_NAMES, OPTIONAL_SUFFIX, expert_names, moe_hf_config, split_experts
 from meshforge.device.dtypes import DTYPES
 from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs, get_flavor
@@ -51,6 +52,7 @@ _LAYER = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
+_LAYER.update(LAYER_NAMES)  # MoE layers (checkpoint/hf_moe.py)
 # Llama 3.1 long-context RoPE scaling, the constants of meshforge.model.llama.rope_frequencies
 _ROPE_SCALING = {
     "rope_type": "llama3",
@@ -104,6 +106,9 @@ def to_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, dtype: str = "bf
     for fqn, tensor in state_dict.items():
         if fqn == "output.weight" and args.tie_embeddings:  # HF omits lm_head.weight when tied
             continue
+        if (experts := expert_names(fqn, args.n_routed_experts)) is not None:  # one HF matrix per expert
+            out.update({k: v.to(DTYPES[dtype]).contiguous() for k, v in split_experts(experts, tensor).items()})
+            continue
         heads = _rope_heads(fqn, args)
         tensor = permute_to_hf(tensor, heads) if heads else tensor
         out[hf_name(fqn)] = tensor.to(DTYPES[dtype]).contiguous()
@@ -111,8 +116,8 @@ def to_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, dtype: str = "bf
 
 
 def hf_config(args: ModelArgs, dtype: str) -> dict[str, Any]:
-    """config.json of the exported model (transformers' LlamaConfig fields)."""
-    return {
+    """config.json of the exported model (transformers' LlamaConfig fields; Qwen3-MoE's for MoE flavors)."""
+    cfg = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": args.dim,
@@ -132,6 +137,7 @@ def hf_config(args: ModelArgs, dtype: str) -> dict[str, Any]:
         "tie_word_embeddings": args.tie_embeddings,
         "torch_dtype": dtype,
     }
+    return {**cfg, **moe_hf_config(args)} if args.is_moe else cfg
 
 
 def _rope_scaling(args: ModelArgs) -> dict[str, Any]:
@@ -202,26 +208,31 @@ def check_hf_config(path: Path, args: ModelArgs) -> None:
         raise ConfigError(f"{file} does not describe this model.flavor: {', '.join(bad)}; choose the matching flavor")
 
 
-def _source_names(path: Path, args: ModelArgs) -> tuple[dict[str, Path], dict[str, str]]:
+def _source_names(path: Path, args: ModelArgs) -> tuple[dict[str, Path], dict[str, str | list[str]]]:
     """(HF files, meshforge name -> HF name to read), after checking names and shapes against the whole model."""
     from safetensors import safe_open
 
     check_hf_config(path, args)
     files = hf_files(path)
     shapes = full_shapes(args)
-    names = {fqn: hf_name(fqn) for fqn in shapes}
+    names: dict[str, str | list[str]] = {
+        fqn: expert_names(fqn, args.n_routed_experts) or hf_name(fqn) for fqn in shapes
+    }
     if "lm_head.weight" not in files and "output.weight" in names:  # tied in HF, untied here
         names["output.weight"] = "model.embed_tokens.weight"
-    missing = sorted(n for n in set(names.values()) if n not in files)
-    ignored = ("rotary_emb.inv_freq", "lm_head.weight") if args.tie_embeddings else ("rotary_emb.inv_freq",)
-    extra = sorted(n for n in files if n not in set(names.values()) and not n.endswith(ignored))
+    wanted = {n for name in names.values() for n in ([name] if isinstance(name, str) else name)}
+    missing = sorted(n for n in wanted if n not in files)
+    ignored = ("rotary_emb.inv_freq", OPTIONAL_SUFFIX, *(("lm_head.weight",) if args.tie_embeddings else ()))
+    extra = sorted(n for n in files if n not in wanted and not n.endswith(ignored))
     wrong = []
     for fqn, name in names.items():
-        if name in files:
-            with safe_open(str(files[name]), framework="pt") as f:
-                shape = tuple(f.get_slice(name).get_shape())
-            if shape != shapes[fqn]:
-                wrong.append(f"{name} {shape} vs model {shapes[fqn]}")
+        for one in [name] if isinstance(name, str) else name:  # an expert's matrix: the 3-D weight without dim 0
+            want = shapes[fqn] if isinstance(name, str) else shapes[fqn][1:]
+            if one in files:
+                with safe_open(str(files[one]), framework="pt") as f:
+                    shape = tuple(f.get_slice(one).get_shape())
+                if shape != want:
+                    wrong.append(f"{one} {shape} vs model {want}")
     if missing or extra or wrong:
         detail = "; ".join(
             f"{what} {store.listing(items)}"
@@ -240,17 +251,21 @@ def load_hf_weights(model_parts: list[nn.Module], path: Path, args: ModelArgs) -
     files, names = _source_names(path, args)
     with contextlib.ExitStack() as stack:
         handles = {f: stack.enter_context(safe_open(str(f), framework="pt")) for f in set(files.values())}
+
+        def read(name: str) -> torch.Tensor:
+            return handles[files[name]].get_tensor(name)
+
         for part in model_parts:
             for name, param in part.named_parameters():
                 fqn = canonical_name(name)
-                handle, hf = handles[files[names[fqn]]], names[fqn]
+                hf = names[fqn]
+                heads = _rope_heads(fqn, args)
                 with torch.no_grad():
-                    if isinstance(param, DTensor):
-                        local = read_local_shard(handle, hf, param, _rope_heads(fqn, args))
+                    if isinstance(param, DTensor) and isinstance(hf, str):
+                        local = read_local_shard(handles[files[hf]], hf, param, heads)
                         param.to_local().copy_(local.to(device=param.device, dtype=param.dtype))
                         continue
-                    tensor = handle.get_tensor(hf)
-                    heads = _rope_heads(fqn, args)
+                    tensor = _read(read, hf)  # experts: the per-expert matrices stacked (read whole)
                     copy_into(param, (permute_from_hf(tensor, heads) if heads else tensor).to(device=param.device))
 
 
@@ -275,13 +290,27 @@ def load_hf(path: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     files, names = _source_names(path, args)
+
+    def read(name: str) -> torch.Tensor:
+        with safe_open(str(files[name]), framework="pt") as f:
+            return f.get_tensor(name).float()
+
     out = {}
     for fqn, name in names.items():
-        with safe_open(str(files[name]), framework="pt") as f:
-            tensor = f.get_tensor(name).float()
+        tensor = _read(read, name)
         heads = _rope_heads(fqn, args)
         out[fqn] = permute_from_hf(tensor, heads) if heads else tensor
+    if args.is_moe and args.load_balance_coeff > 0:  # the expert biases (buffers): zeros when the file has none
+        for i in range(args.n_layers):
+            fqn = f"layers.{i}.feed_forward.expert_bias"
+            if args.is_moe_layer(i):
+                out[fqn] = read(hf_name(fqn)) if hf_name(fqn) in files else torch.zeros(args.n_routed_experts)
     return out
+
+
+def _read(read: Any, name: str | list[str]) -> torch.Tensor:
+    """One HF tensor, or the per-expert matrices stacked into meshforge's (experts, ...) weight."""
+    return read(name) if isinstance(name, str) else torch.stack([read(n) for n in name])
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -60,6 +60,10 @@ class Model:
     """RoPE base (0 = the flavor's)."""
     rope_scaling_factor: float = 0.0
     """Llama 3 RoPE frequency scaling factor (0 = the flavor's, 1 = no scaling)."""
+    moe_load_balance_coeff: float = -1.0
+    """MoE flavors: expert-bias step of auxiliary-loss-free balancing (0 turns it off; -1: the flavor's)."""
+    moe_aux_loss_coeff: float = -1.0
+    """MoE flavors: weight of the sequence-wise auxiliary balance loss (0 turns it off; -1: the flavor's)."""
 
 
 @dataclass
@@ -193,6 +197,9 @@ class Parallelism:
     """Blocks fewer on the last stage (it also holds the norm and output projection)."""
     module_fqns_per_model_part: list[list[str]] = field(default_factory=list)
     """Explicit module names per stage, e.g. [["tok_embeddings", "layers.0"], ["layers.1", "norm", "output"]]."""
+    expert_parallel_degree: int = 1
+    """Ranks that split each MoE layer's routed experts (tokens travel by all-to-all); borrowed from the
+    data_parallel_shard x context ranks, the rest shard the experts with FSDP."""
 
     def validate(self) -> None:
         for key in (
@@ -201,6 +208,7 @@ class Parallelism:
             "tensor_parallel_degree",
             "pipeline_parallel_degree",
             "pipeline_parallel_microbatch_size",
+            "expert_parallel_degree",
         ):
             _positive(f"parallelism.{key}", getattr(self, key))
         if self.data_parallel_shard_degree == 0 or self.data_parallel_shard_degree < -1:

@@ -41,6 +41,41 @@ class ModelArgs:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_seq_len: int = 8192
+    # Mixture of experts (model/moe.py); n_routed_experts = 0 keeps every feed-forward dense
+    n_routed_experts: int = 0
+    """Routed experts per MoE layer (0: dense model)."""
+    top_k: int = 1
+    """Routed experts per token."""
+    n_shared_experts: int = 0
+    """Always-on experts per MoE layer (fused into one SwiGLU of width n_shared_experts x moe_ffn_dim)."""
+    moe_ffn_dim: int = 0
+    """Hidden width of one expert's SwiGLU."""
+    first_k_dense: int = 0
+    """The first k layers keep a dense feed-forward (ffn_hidden_dim, or dense_ffn_dim when set)."""
+    dense_ffn_dim: int = 0
+    """Width of the dense layers of an MoE model (0: ffn_hidden_dim)."""
+    score_func: str = "softmax"
+    """Router scores: softmax (over experts) or sigmoid (per expert)."""
+    route_norm: bool = False
+    """Renormalise the top-k scores of a token to sum to 1."""
+    route_scale: float = 1.0
+    """Multiplier of the routed experts' combined output (DeepSeek-V3: 2.5)."""
+    n_expert_groups: int = 1
+    """Node-limited routing: experts split into this many groups ..."""
+    n_limited_groups: int = 1
+    """... of which each token may use the n_limited_groups best (by the sum of their top-2 scores)."""
+    load_balance_coeff: float = 0.0
+    """Auxiliary-loss-free balancing: bias += coeff x sign(mean load - load) per step (0: off)."""
+    aux_loss_coeff: float = 0.0
+    """Sequence-wise auxiliary balance loss weight (DeepSeek-V3 eq. 17-20; 0: off)."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_routed_experts > 0
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        """Whether block ``layer_id`` has an MoE feed-forward (the first first_k_dense layers stay dense)."""
+        return self.is_moe and layer_id >= self.first_k_dense
 
     @property
     def kv_heads(self) -> int:
@@ -97,6 +132,105 @@ FLAVORS: dict[str, ModelArgs] = {
     "70B": ModelArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim_multiplier=1.3, multiple_of=4096),
     "405B": ModelArgs(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, ffn_dim_multiplier=1.2, multiple_of=4096),
 }
+# Mixture-of-experts shapes (model/moe.py). Attention is this project's GQA (head_dim = dim / n_heads, no q/k norm),
+# not DeepSeek's MLA nor Qwen3's head_dim 128 + q/k RMSNorm; everything else is the published config (docs/moe.md
+# and tests/unit/test_moe.py give the exact differences in parameter count).
+FLAVORS.update(
+    {
+        # CPU MoE: ~7.7M parameters, 8 experts, top-2, one shared expert, the first layer dense
+        "debugmoe": ModelArgs(
+            dim=256,
+            n_layers=4,
+            n_heads=8,
+            n_kv_heads=4,
+            vocab_size=2048,
+            multiple_of=256,
+            n_routed_experts=8,
+            top_k=2,
+            n_shared_experts=1,
+            moe_ffn_dim=256,
+            first_k_dense=1,
+            route_norm=True,
+            load_balance_coeff=1e-3,
+        ),
+        # debugmoe's dense twin: same attention, a dense SwiGLU of 768 in every layer = debugmoe's active width
+        # (shared 256 + top-2 x 256); the comparison of docs/benchmarks/moe.md
+        "debugmoe_dense": ModelArgs(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=2048, multiple_of=256),
+        # TorchTitan's DeepSeek-V3 "16B" (= DeepSeek-V2-Lite's shape); multi-head attention in place of MLA
+        "deepseek_v3_16B": ModelArgs(
+            dim=2048,
+            n_layers=27,
+            n_heads=16,
+            n_kv_heads=16,
+            vocab_size=102400,
+            rope_theta=10000.0,
+            use_scaled_rope=False,
+            max_seq_len=4096,
+            n_routed_experts=64,
+            top_k=6,
+            n_shared_experts=2,
+            moe_ffn_dim=1408,
+            first_k_dense=1,
+            dense_ffn_dim=10944,
+            load_balance_coeff=1e-3,
+        ),
+        # DeepSeek-V3 671B: sigmoid scores, bias-corrected top-8 of 256 within 4 of 8 groups, scale 2.5; GQA kv 8
+        "deepseek_v3_671B": ModelArgs(
+            dim=7168,
+            n_layers=61,
+            n_heads=128,
+            n_kv_heads=8,
+            vocab_size=129280,
+            rope_theta=10000.0,
+            use_scaled_rope=False,
+            max_seq_len=4096,
+            n_routed_experts=256,
+            top_k=8,
+            n_shared_experts=1,
+            moe_ffn_dim=2048,
+            first_k_dense=3,
+            dense_ffn_dim=18432,
+            score_func="sigmoid",
+            route_norm=True,
+            route_scale=2.5,
+            n_expert_groups=8,
+            n_limited_groups=4,
+            load_balance_coeff=1e-3,
+        ),
+        "qwen3_30B_A3B": ModelArgs(
+            dim=2048,
+            n_layers=48,
+            n_heads=32,
+            n_kv_heads=4,
+            vocab_size=151936,
+            norm_eps=1e-6,
+            rope_theta=1e6,
+            use_scaled_rope=False,
+            max_seq_len=4096,
+            n_routed_experts=128,
+            top_k=8,
+            moe_ffn_dim=768,
+            route_norm=True,
+            load_balance_coeff=1e-3,
+        ),
+        "qwen3_235B_A22B": ModelArgs(
+            dim=4096,
+            n_layers=94,
+            n_heads=64,
+            n_kv_heads=4,
+            vocab_size=151936,
+            norm_eps=1e-6,
+            rope_theta=1e6,
+            use_scaled_rope=False,
+            max_seq_len=4096,
+            n_routed_experts=128,
+            top_k=8,
+            moe_ffn_dim=1536,
+            route_norm=True,
+            load_balance_coeff=1e-3,
+        ),
+    }
+)
 
 
 def get_flavor(name: str) -> ModelArgs:
@@ -115,10 +249,20 @@ class ParamCounts:
     final_norm: int
     output: int
     n_layers: int
+    moe_total: int = 0
+    """MoE models: parameters of the dense layers' FFNs and the MoE layers' routers, shared and routed experts (the
+    per_layer count is then attention + norms only)."""
+    moe_active: int = 0
+    """The same with routed experts counted top_k / n_experts: what one token uses (TorchTitan's convention)."""
 
     @property
     def total(self) -> int:
-        return self.embedding + self.per_layer * self.n_layers + self.final_norm + self.output
+        return self.embedding + self.per_layer * self.n_layers + self.moe_total + self.final_norm + self.output
+
+    @property
+    def active(self) -> int:
+        """Parameters one token uses (all of them for a dense model)."""
+        return self.total - self.moe_total + self.moe_active
 
     @property
     def non_embedding(self) -> int:
@@ -137,12 +281,23 @@ def param_counts(args: ModelArgs) -> ParamCounts:
         attn += 2 * hd
     ffn = 3 * d * args.ffn_hidden_dim
     norms = 2 * d
+    moe_total = moe_active = 0
+    if args.is_moe:
+        ffn = 0
+        dense = 3 * d * (args.dense_ffn_dim or args.ffn_hidden_dim) * args.first_k_dense
+        expert = 3 * d * args.moe_ffn_dim
+        common = args.n_routed_experts * d + args.n_shared_experts * expert  # router + shared experts
+        n_moe = args.n_layers - args.first_k_dense
+        moe_total = dense + n_moe * (common + args.n_routed_experts * expert)
+        moe_active = dense + n_moe * (common + args.top_k * expert)
     return ParamCounts(
         embedding=args.vocab_size * d,
         per_layer=attn + ffn + norms,
         final_norm=d,
         output=0 if args.tie_embeddings else d * args.vocab_size,
         n_layers=args.n_layers,
+        moe_total=moe_total,
+        moe_active=moe_active,
     )
 
 
@@ -150,12 +305,13 @@ def flops_per_token(args: ModelArgs, seq_len: int) -> float:
     """Training FLOPs per token: 6 x non-embedding params + 12 x layers x heads x head_dim x seq_len.
 
     This is the formula of the PaLM paper as TorchTitan applies it, so MFU is comparable with published numbers
-    (the attention term counts the full, not causal-halved, score matrix).
+    (the attention term counts the full, not causal-halved, score matrix). MoE models count the parameters a token
+    uses: routers, shared experts and top_k / n_experts of the routed experts (TorchTitan's convention).
     """
     counts = param_counts(args)
     attention = 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
     tied_output = counts.embedding if args.tie_embeddings else 0  # a tied output projection is still a matmul
-    return float(6 * (counts.non_embedding + tied_output) + attention)
+    return float(6 * (counts.active - counts.embedding + tied_output) + attention)
 
 
 def model_args_for(cfg: JobConfig, vocab_size: int) -> ModelArgs:
@@ -164,6 +320,10 @@ def model_args_for(cfg: JobConfig, vocab_size: int) -> ModelArgs:
     from meshforge.model.hf_config import resolve_model_args
 
     args = resolve_model_args(cfg.model, cfg.training.seq_len)
+    if args.is_moe and cfg.model.moe_load_balance_coeff >= 0:
+        args = replace(args, load_balance_coeff=cfg.model.moe_load_balance_coeff)
+    if args.is_moe and cfg.model.moe_aux_loss_coeff >= 0:
+        args = replace(args, aux_loss_coeff=cfg.model.moe_aux_loss_coeff)
     if vocab_size > args.vocab_size:
         raise ConfigError(
             f"the tokenizer {cfg.model.tokenizer_path} has {vocab_size} tokens but the model "

@@ -17,6 +17,7 @@ from torch import nn
 from meshforge.errors import ConfigError
 from meshforge.model.document_mask import DocumentMask, build_document_mask, masked_attention
 from meshforge.model.flavors import ModelArgs
+from meshforge.model.moe import MoE
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 
@@ -121,6 +122,16 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+def build_feed_forward(layer_id: int, args: ModelArgs) -> nn.Module:
+    """Block ``layer_id``'s feed-forward: MoE where the flavor asks for it (model/moe.py), a dense SwiGLU otherwise."""
+    if not args.is_moe:
+        return FeedForward(args.dim, args.ffn_hidden_dim)
+    if not args.is_moe_layer(layer_id):
+        return FeedForward(args.dim, args.dense_ffn_dim or args.ffn_hidden_dim)
+    shared = FeedForward(args.dim, args.moe_ffn_dim * args.n_shared_experts) if args.n_shared_experts else None
+    return MoE(args, shared)
+
+
 class TransformerBlock(nn.Module):
     def __init__(self, layer_id: int, args: ModelArgs) -> None:
         super().__init__()
@@ -128,7 +139,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.attention = Attention(args)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        self.feed_forward = build_feed_forward(layer_id, args)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: DocumentMask = None) -> torch.Tensor:
         masked = {} if mask is None else {"mask": mask}  # a keyword: TP's input plan covers (x, rope) only
@@ -181,6 +192,9 @@ class Transformer(nn.Module):
         """Fill every parameter and buffer, independently of sharding: each tensor is drawn whole from a generator
         seeded by (seed, its canonical name), then each rank keeps its own DTensor shard of it."""
         self.rope.copy_(rope_cache(self.args, self.rope.device))
+        for module in self.modules():
+            if isinstance(module, MoE):
+                module.init_buffers()
         for name, param in self.named_parameters():
             fqn = canonical_name(name)
             full = initial_value(fqn, tuple(param.shape), self.args, seed, param.device)
@@ -198,7 +212,7 @@ def initial_value(fqn: str, shape: tuple[int, ...], args: ModelArgs, seed: int, 
         std, cutoff = 1.0, 3.0
     elif fqn == "output.weight":
         std, cutoff = args.dim**-0.5, 3.0
-    elif fqn.endswith(("wo.weight", "w2.weight", "w3.weight")):
+    elif fqn.endswith(("wo.weight", "w2.weight", "w3.weight", "experts.w2", "experts.w3")):
         layer_id = int(fqn.split(".")[1])
         std, cutoff = 0.02 / math.sqrt(2 * (layer_id + 1)), 2.0
     else:

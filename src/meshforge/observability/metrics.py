@@ -216,6 +216,8 @@ def print_record(r: dict[str, Any]) -> None:
         line += f"  bubble {r['bubble_pct']:.1f}%"
     if "val_loss" in r:
         line += f"  val_loss {r['val_loss']:.4f}  val_ppl {r['val_ppl']:.2f}"
+    if "moe_max_load" in r:
+        line += f"  moe max/mean load {r['moe_max_load']:.2f}"
     print(line, file=sys.stdout, flush=True)
 
 

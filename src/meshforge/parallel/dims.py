@@ -33,6 +33,8 @@ class ParallelDims:
     dp_shard: int
     cp: int
     tp: int
+    ep: int = 1
+    """Expert parallel: a split of dp_shard x cp (the ``ep`` axis of the expert mesh, see build_expert_mesh)."""
 
     @classmethod
     def from_config(cls, cfg: Parallelism, world_size: int) -> ParallelDims:
@@ -63,6 +65,7 @@ class ParallelDims:
             shard,
             cfg.context_parallel_degree,
             cfg.tensor_parallel_degree,
+            cfg.expert_parallel_degree,
         )
         if dims.world_size != world_size:
             raise ConfigError(
@@ -70,7 +73,28 @@ class ParallelDims:
                 f"{dims.cp} x tp {dims.tp} = {dims.world_size} but the world size is {world_size}; make the product "
                 "equal the number of processes (data_parallel_shard_degree = -1 fills in the rest)"
             )
+        dims.validate_ep()
         return dims
+
+    def validate_ep(self) -> None:
+        """Expert parallel borrows from the data-parallel shard x context ranks."""
+        if self.ep < 1:
+            raise ConfigError(f"parallelism.expert_parallel_degree = {self.ep} must be >= 1 (1 disables it)")
+        if self.ep > 1 and (self.dp_shard * self.cp) % self.ep:
+            raise ConfigError(
+                f"parallelism.expert_parallel_degree = {self.ep} must divide data_parallel_shard x context degrees "
+                f"= {self.dp_shard * self.cp}; choose a divisor of it"
+            )
+        if self.ep > 1 and self.dp_replicate > 1:
+            raise ConfigError(
+                f"parallelism.expert_parallel_degree = {self.ep} with data_parallel_replicate_degree = "
+                f"{self.dp_replicate} (HSDP) is not supported yet; use data_parallel_shard_degree instead"
+            )
+
+    @property
+    def efsdp(self) -> int:
+        """Ranks that shard each expert-parallel rank's experts with FSDP: dp_shard x cp / ep."""
+        return self.dp_shard * self.cp // self.ep
 
     @property
     def world_size(self) -> int:
@@ -122,6 +146,7 @@ class ParallelDims:
                         f"parallelism.tensor_parallel_degree = {self.tp} does not divide the model's {key} ({size}); "
                         f"choose a tensor-parallel degree that divides it"
                     )
+        self.validate_moe(args)
         if self.cp > 1 and seq_len % (2 * self.cp):
             raise ConfigError(
                 f"training.seq_len = {seq_len} must be divisible by 2 x context_parallel_degree = {2 * self.cp} "
@@ -132,6 +157,27 @@ class ParallelDims:
                 f"training.seq_len = {seq_len} must be divisible by context_parallel_degree x tensor_parallel_degree "
                 f"= {self.cp * self.tp} (sequence parallel splits each rank's slice of the sequence)"
             )
+
+    def validate_moe(self, args: ModelArgs) -> None:
+        """Expert-parallel degrees against the MoE shape."""
+        if self.ep == 1:
+            return
+        if not args.is_moe:
+            raise ConfigError(
+                f"parallelism.expert_parallel_degree = {self.ep} needs an MoE flavor (n_routed_experts > 0); "
+                "set it to 1 or pick an MoE model.flavor"
+            )
+        if args.n_routed_experts % self.ep:
+            raise ConfigError(
+                f"parallelism.expert_parallel_degree = {self.ep} does not divide the {args.n_routed_experts} routed "
+                "experts; choose a divisor of the expert count"
+            )
+        for key, size in (("moe_ffn_dim", args.moe_ffn_dim), ("dim", args.dim)):
+            if size % self.efsdp:
+                raise ConfigError(
+                    f"the experts' FSDP degree dp_shard x cp / ep = {self.efsdp} does not divide the model's {key} "
+                    f"({size}); change parallelism.expert_parallel_degree or data_parallel_shard_degree"
+                )
 
     def validate_features(
         self, parallelism: Parallelism, *, device: torch.device, compile_enabled: bool, float8: Float8
@@ -160,6 +206,11 @@ class ParallelDims:
                 )
         if self.cp > 1:
             check_cp_impl(parallelism.context_parallel_impl, device.type, compile_enabled=compile_enabled)
+        if self.ep > 1 and compile_enabled:
+            raise ConfigError(
+                f"parallelism.expert_parallel_degree = {self.ep} with compile.enable = true is not supported (the "
+                "token all-to-all sizes are data-dependent); set compile.enable = false"
+            )
         check_float8_support(float8, device)
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
@@ -173,6 +224,17 @@ class ParallelDims:
             if len(present) > 1:
                 mesh[present]._flatten(flat)
         return mesh
+
+    def build_expert_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:
+        """The 2-D (efsdp, ep) mesh of the routed experts, an unflattening of dp_shard x cp (ep innermost: expert
+        peers are neighbours); None without expert parallel. Same root as ``mesh``, so FSDP can shard the experts'
+        ep-sharded DTensors over efsdp."""
+        if self.ep == 1:
+            return None
+        assert mesh is not None
+        names = mesh.mesh_dim_names or ()
+        base = "dp_shard_cp" if "dp_shard" in names and "cp" in names else ("dp_shard" if "dp_shard" in names else "cp")
+        return mesh[base]._unflatten(0, (self.efsdp, self.ep), ("efsdp", "ep"))
 
 
 def sub_mesh(mesh: DeviceMesh | None, *axes: str) -> DeviceMesh | None:

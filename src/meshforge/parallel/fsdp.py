@@ -5,8 +5,10 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
 
 from meshforge.device.dtypes import DTYPES
+from meshforge.model.moe import moe_layers
 
 
 def resolve_reshard_after_forward(policy: str, pipeline_parallel: bool) -> bool:
@@ -30,13 +32,25 @@ def apply_fsdp(
     param_dtype: str,
     reduce_dtype: str,
     reshard_after_forward: bool,
+    expert_mesh: DeviceMesh | None = None,
 ) -> None:
     """Shard every transformer block, then the root (embedding, norm, output). ``mesh`` is 1-D (FSDP) or 2-D
-    (replicate, shard) for HSDP."""
+    (replicate, shard) for HSDP. Under expert parallel (``expert_mesh`` = (efsdp, ep)) each MoE layer's routed
+    experts, ep-sharded on dim 0, are sharded on dim 1 over efsdp first (FSDP averages their gradients over efsdp;
+    the experts scale them by 1 / ep themselves, parallel/expert_parallel.py)."""
     mp_policy = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
     layers = list(model.layers.values())  # type: ignore[operator, union-attr]
     for i, block in enumerate(layers):
         # the last block's weights are needed again at once by backward: keep them gathered
         reshard = reshard_after_forward and i < len(layers) - 1
+        for moe in moe_layers(block) if expert_mesh is not None else []:
+            assert expert_mesh is not None
+            fully_shard(
+                moe.experts,
+                mesh=expert_mesh["efsdp"],
+                mp_policy=mp_policy,
+                reshard_after_forward=reshard,
+                shard_placement_fn=lambda _: Shard(1),
+            )
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)

@@ -1,7 +1,7 @@
 """parallelize(): apply the strategies to one model (or pipeline stage) in the ONE documented order:
 
-    Float8 conversion -> tensor/sequence parallel -> context parallel -> activation checkpointing -> torch.compile
-    -> FSDP/HSDP
+    Float8 conversion -> tensor/sequence parallel -> expert parallel -> context parallel -> activation checkpointing
+    -> torch.compile -> FSDP/HSDP
 
 TP must see the final linear modules (Float8-aware plans if converted); CP replaces each block's attention core
 (``attention.sdpa``) before AC wraps the blocks; compile wraps the checkpointed blocks so recomputation is compiled
@@ -20,6 +20,7 @@ from meshforge.errors import ConfigError
 from meshforge.parallel.activation_ckpt import apply_ac
 from meshforge.parallel.context_parallel import apply_cp, resolve_cp_impl
 from meshforge.parallel.dims import ParallelDims, sub_mesh
+from meshforge.parallel.expert_parallel import apply_ep
 from meshforge.parallel.float8 import apply_float8
 from meshforge.parallel.fsdp import apply_fsdp, resolve_reshard_after_forward
 from meshforge.parallel.tensor_parallel import apply_tp
@@ -57,8 +58,10 @@ def parallelize(
     ac: ActivationCheckpoint,
     compile_cfg: Compile,
     float8: Float8,
+    expert_mesh: DeviceMesh | None = None,
 ) -> None:
-    """Apply every enabled strategy to ``model`` in place (parameters stay on the meta device)."""
+    """Apply every enabled strategy to ``model`` in place (parameters stay on the meta device). ``expert_mesh``: the
+    (efsdp, ep) mesh of ParallelDims.build_expert_mesh under expert parallel."""
     if float8.enable:
         apply_float8(model, float8, fsdp=dims.fsdp_enabled)
     tp_mesh = sub_mesh(mesh, "tp")
@@ -72,6 +75,8 @@ def parallelize(
             float8=float8.enable and float8.recipe_name == "tensorwise" and tp_mesh.device_type == "cuda",
             async_tp=parallelism.enable_async_tensor_parallel,
         )
+    if expert_mesh is not None:
+        apply_ep(model, expert_mesh["ep"])
     cp_mesh = sub_mesh(mesh, "cp")
     if cp_mesh is not None:
         apply_cp(model, cp_mesh, impl=resolve_cp_impl(parallelism.context_parallel_impl, cp_mesh.device_type))
@@ -87,4 +92,5 @@ def parallelize(
             param_dtype=training.mixed_precision_param,
             reduce_dtype=training.mixed_precision_reduce,
             reshard_after_forward=resolve_reshard_after_forward(parallelism.fsdp_reshard_after_forward, dims.pp > 1),
+            expert_mesh=expert_mesh,
         )

@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     loss_parallel,
@@ -33,6 +34,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from meshforge.errors import ConfigError
+from meshforge.model.moe import MoE
 
 
 def apply_tp(
@@ -62,7 +64,10 @@ def apply_tp(
     layers: nn.ModuleDict = model.layers  # type: ignore[assignment]
     for block in layers.values():
         use_float8 = float8 and _all_linears_float8(block)
-        parallelize_module(block, tp_mesh, block_plan(sequence_parallel=sequence_parallel, float8=use_float8))
+        plan = block_plan(sequence_parallel=sequence_parallel, float8=use_float8)
+        if isinstance(getattr(block, "feed_forward", None), MoE):
+            plan = moe_block_plan(plan, block.feed_forward, sequence_parallel=sequence_parallel)  # type: ignore[arg-type]
+        parallelize_module(block, tp_mesh, plan)
     if async_tp:
         enable_async_tp(tp_mesh)
 
@@ -128,6 +133,31 @@ def block_plan(*, sequence_parallel: bool, float8: bool) -> dict[str, ParallelSt
         "feed_forward.w2": rowwise(output_layouts=Shard(1)),
         "feed_forward.w3": colwise(),
     }
+
+
+def moe_block_plan(plan: dict[str, ParallelStyle], moe: MoE, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """A block plan with an MoE feed-forward: every tensor-parallel rank routes the whole (gathered) sequence, the
+    router is replicated, the shared experts are split like a dense FFN, the routed experts are left to expert
+    parallel (on the ep axis, not tp)."""
+    plan = {key: style for key, style in plan.items() if not key.startswith("feed_forward")}
+    plan["feed_forward.router.gate"] = ReplicateParallel()
+    if moe.shared_experts is not None:
+        plan.update(
+            {
+                "feed_forward.shared_experts.w1": ColwiseParallel(),
+                "feed_forward.shared_experts.w2": RowwiseParallel(),
+                "feed_forward.shared_experts.w3": ColwiseParallel(),
+            }
+        )
+    if sequence_parallel:  # gather the sequence for routing; hand back this rank's slice (no communication)
+        plan["feed_forward"] = PrepareModuleInputOutput(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),
+            output_layouts=(Replicate(),),
+            desired_output_layouts=(Shard(1),),
+            use_local_input=True,
+        )
+    return plan
 
 
 class EmbeddingParallel(RowwiseParallel):

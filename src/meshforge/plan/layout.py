@@ -267,6 +267,8 @@ def check_pipeline(layout: Layout, args: ModelArgs) -> None:
             raise ConfigError(f"compile.enable with the {layout.schedule} schedule: use 1F1B / Interleaved1F1B")
         if layout.reshard_after_forward and layout.fsdp_size * layout.dp_replicate > 1:
             raise ConfigError(f"fsdp_reshard_after_forward = 'always' with {layout.schedule} gives wrong gradients")
+        if layout.ac_mode == "selective" and layout.sac_option == "op":  # as parallel/pipeline/stage.py refuses it
+            raise ConfigError(f"per-op selective AC with the {layout.schedule} schedule: use full or every-N-block AC")
     stage_layer_counts(args.n_layers, layout)
 
 

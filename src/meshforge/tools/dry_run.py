@@ -187,6 +187,7 @@ def build_parts(
         ac=cfg.activation_checkpoint,
         compile_cfg=cfg.compile,
         float8=cfg.quantize.dense.float8,
+        expert_mesh=dims.build_expert_mesh(mesh),
     )
     model = build_model(args)
     if dims.pp == 1:
@@ -238,7 +239,8 @@ def describe_axes(parts: list[nn.Module], dims: ParallelDims, pipeline: str) -> 
         axes["cp"] = "context parallel: splits each sequence; its ranks join FSDP's sharding (dp_shard_cp)"
     for axis, by_placement in placed.items():
         kinds = "; ".join(f"{p}: {', '.join(sorted(names))}" for p, names in sorted(by_placement.items()))
-        role = "tensor parallel" if axis == "tp" else "FSDP2 (per block + root)" if "shard" in axis else "HSDP"
+        roles = {"tp": "tensor parallel", "ep": "expert parallel", "efsdp": "FSDP2 of the routed experts"}
+        role = roles.get(axis, "FSDP2 (per block + root)" if "shard" in axis else "HSDP")
         axes[axis] = f"{role}; {kinds}"
     return axes
 
@@ -287,12 +289,16 @@ def compress(names: list[str]) -> str:
 def format_report(r: DryRun) -> str:
     d = r.dims
     degrees = " x ".join(f"{a} {d.degree(a)}" for a in AXES if d.degree(a) > 1) or "a single rank"
+    degrees += f" (ep {d.ep} x efsdp {d.efsdp} within dp_shard x cp)" if d.ep > 1 else ""
     lines = [
         f"meshforge dry run: {r.flavor} ({r.total_params / 1e9:.2f}B parameters) on {r.world_size} ranks "
         f"(target {r.target}; fake process group, meta device: nothing allocated, nothing sent)",
         f"layout: {degrees} = {d.world_size}",
         "mesh axes:",
-        *[f"  {axis:<12} {d.degree(axis) if axis in AXES else ''}  {text}" for axis, text in r.axes.items()],
+        *[
+            f"  {axis:<12} {d.degree(axis) if axis in (*AXES, 'ep', 'efsdp') else ''}  {text}"
+            for axis, text in r.axes.items()
+        ],
         "per-rank memory (rank at dp / cp / tp coordinate 0 of each pipeline rank; activations not counted):",
         f"  {'pp rank':>7}  {'params':>12}  {'param GiB':>9}  {'grad GiB':>8}  {'optim GiB':>9}  {'total GiB':>9}"
         "  stages",

@@ -41,6 +41,7 @@ from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_
 from meshforge.parallel.parallelize import parallelize
 from meshforge.parallel.tensor_parallel import loss_parallel_context
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
+from meshforge.train.moe_balance import balance_experts
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
 from meshforge.train.validate import build_validation_loader, should_validate, validate
 
@@ -69,6 +70,7 @@ class TrainState:
     precision: str = ""  # how training.mixed_precision_param was chosen (the banner says it)
     val_loader: PackedDataLoader | None = None
     guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
+    moe_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def setup(cfg: JobConfig) -> TrainState:
@@ -163,6 +165,7 @@ def build_model_parts(
         ac=cfg.activation_checkpoint,
         compile_cfg=cfg.compile,
         float8=cfg.quantize.dense.float8,
+        expert_mesh=dims.build_expert_mesh(mesh),
     )
     if dims.pp > 1:
         from meshforge.parallel.pipeline.stage import build_pipeline
@@ -253,6 +256,9 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     params = [p for part in state.model_parts for p in part.parameters()]
     grad_norm = clip_grad_norm_(params, state.cfg.training.max_norm, sub_mesh(state.mesh, "pp"))
     loss = torch.stack(losses).mean()
+    if state.model_args.is_moe:  # expert-bias update from this step's global expert loads (train/moe_balance.py)
+        meshes = sub_mesh(state.mesh, "dp_cp"), sub_mesh(state.mesh, "pp")
+        state.moe_metrics = balance_experts(state.model_parts, *meshes, state.model_args.load_balance_coeff)
     if state.guard.should_skip(state.step, grad_norm, loss):  # the same decision on every rank (global norm)
         state.optimizer.zero_grad(set_to_none=True)
     else:
@@ -295,6 +301,7 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
         if should_log(state.step, cfg) or evaluation:
             lr = float(state.scheduler.get_last_lr()[0])
             extra = state.pipeline.metrics() if state.pipeline is not None else {}  # bubble (collective)
+            extra.update(state.moe_metrics)
             yield state.metrics.log(state.step, global_mean(loss, state.mesh), grad_norm, lr, extra | evaluation)
         if profiler is not None:  # after logging and saving: a traced step shows all of its work
             profiler.step(state.step)

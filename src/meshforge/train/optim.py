@@ -48,18 +48,26 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: LRScheduler, total
 
 @torch.no_grad()
 def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, pp_mesh: DeviceMesh | None) -> torch.Tensor:
-    """Global L2 norm of all gradients (summed over shards and pipeline stages); scales them down to ``max_norm``
-    when larger (max_norm 0: only measure)."""
+    """Global L2 norm of all gradients (summed over shards, meshes and pipeline stages, in float64); scales them
+    down to ``max_norm`` when larger (max_norm 0: only measure)."""
     params = [p for p in params if p.grad is not None]
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if isinstance(total, DTensor):  # partial norms of shards -> the full norm
-        total = total.full_tensor()
+    by_mesh: dict[object, list[torch.Tensor]] = {}  # expert parallel: experts live on another mesh than the rest
+    for p in params:
+        by_mesh.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+    norms = []
+    for members in by_mesh.values():
+        # float64: a float32 norm of one large gradient (e.g. 2048 x 256) is off by ~1e-4 relative, which would make
+        # norms of different layouts disagree by more than their gradients do
+        per_tensor = torch.stack([torch.linalg.vector_norm(p.grad, dtype=torch.float64) for p in members])  # type: ignore[arg-type]
+        norm = torch.linalg.vector_norm(per_tensor)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # partial norms of shards -> full
+    total = norms[0] if len(norms) == 1 else torch.stack(norms).pow(2).sum().sqrt()
     if pp_mesh is not None:
         group = pp_mesh.get_group()
         squared = to_collective_device(total.pow(2), group)
         dist.all_reduce(squared, group=group)
         total = squared.sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+        for members in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(members, max_norm, total, foreach=True)
     return total

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
 from meshforge.device.collectives import collective_tensor
+from meshforge.model.moe import load_counting_paused
 from meshforge.parallel.pipeline import simulator
 
 Action = tuple[int, str, int]
@@ -90,6 +91,11 @@ class TimedPipelineStage(PipelineStage):
     def __init__(self, *args: Any, clock: BusyClock, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.clock = clock
+
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        """Shape inference runs the stage on placeholder tensors: MoE layers must not count those tokens."""
+        with load_counting_paused(self.submod):
+            return super()._forward_metadata_inference(*args, **kwargs)
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         with self.clock.busy():
