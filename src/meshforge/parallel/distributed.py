@@ -63,12 +63,14 @@ def set_timeouts(mesh: DeviceMesh | None, seconds: int) -> None:
         _set_pg_timeout(timeout, group)
 
 
-def first_report(message: str, wait_s: float = 5.0) -> bool:
-    """True on the first rank of the job that reports ``message`` (always True without a process group): the ranks
-    of a job that all hit the same error print it once. Counted in the process group's store (no collective); rank 0
+def report_once(message: str, wait_s: float = 5.0) -> None:
+    """Print ``message`` to stderr on the first rank of the job that reports it (always without a process group): the
+    ranks of a job that all hit the same error print it once. Counted in the process group's store (no collective).
+    The first rank prints before anything else, since the launcher may kill it as soon as another rank exits; rank 0
     then waits up to ``wait_s`` for every rank's report, since its exit may take the store down."""
     if not dist.is_initialized():
-        return True
+        print(message, file=sys.stderr, flush=True)
+        return
     import hashlib
     import time
 
@@ -78,14 +80,19 @@ def first_report(message: str, wait_s: float = 5.0) -> bool:
     try:
         store = _get_default_store()
         first = int(store.add(key, 1)) == 1
+    except Exception:  # the store is gone (its host died): better twice than never
+        print(message, file=sys.stderr, flush=True)
+        return
+    if first:
+        print(message, file=sys.stderr, flush=True)
+    try:
         reported = int(store.add("meshforge/reports", 1))
         deadline = time.monotonic() + wait_s
         while dist.get_rank() == 0 and reported < dist.get_world_size() and time.monotonic() < deadline:
             time.sleep(0.05)
             reported = int(store.add("meshforge/reports", 0))
-        return first
-    except Exception:  # the store is gone (its host died): better twice than never
-        return True
+    except Exception:  # the store is gone: nobody is left to wait for
+        pass
 
 
 def finish(ok: bool = True, code: int = 1) -> None:

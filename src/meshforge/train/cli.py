@@ -78,7 +78,7 @@ def check_layout(cfg: JobConfig, world_size: int) -> None:
 def run(cfg: JobConfig) -> int:
     """Train on this rank; user mistakes found after start-up end every rank with one line (printed by the first
     rank that reports it) and exit 2; a diverged run ends with one line and exit 4."""
-    from meshforge.parallel.distributed import finish, first_report
+    from meshforge.parallel.distributed import finish, report_once
     from meshforge.train.divergence import EXIT_CODE, TrainingDiverged
     from meshforge.train.loop import train
 
@@ -86,9 +86,7 @@ def run(cfg: JobConfig) -> int:
         train(cfg)
     except (ConfigError, TrainingDiverged) as exc:  # raised the same way on every rank (config vs world/model)
         code = EXIT_CODE if isinstance(exc, TrainingDiverged) else 2
-        message = f"meshforge train: error: {exc}"
-        if first_report(message):
-            print(message, file=sys.stderr, flush=True)
+        report_once(f"meshforge train: error: {exc}")
         finish(ok=False, code=code)
         return code
     finish(ok=True)
