@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ from meshforge.bench.runner import (
     build_results,
     command,
     plan_sweep,
+    run_env,
     run_one,
     save_record,
     write_json,
 )
+from meshforge.bench.warm import WarmLauncher
 from meshforge.config.io import ConfigError
 
 DEFAULT_MATRIX = "configs/bench/default.toml"
@@ -52,6 +55,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--node-rank", type=int, default=0, help="this node's index (0 writes the results)")
     parser.add_argument("--nproc-per-node", type=int, default=0, help="ranks per node for multi-node runs")
     parser.add_argument("--rdzv-endpoint", default="", help="host:port of the torchrun c10d rendezvous")
+    parser.add_argument(
+        "--launcher",
+        choices=["warm", "torchrun"],
+        default="warm",
+        help="one-node runs: forked from one process that imported torch once (warm, the default; the same ranks and "
+        "environment as torchrun, see bench/warm.py) or each started by torchrun",
+    )
     return parser.parse_args(argv)
 
 
@@ -68,7 +78,7 @@ def make_launch(args: argparse.Namespace) -> Launch:
         raise ConfigError(
             "--nnodes > 1 needs --nproc-per-node N and --rdzv-endpoint HOST:PORT (scripts/slurm_bench.sh)"
         )
-    return Launch(args.nnodes, args.node_rank, args.nproc_per_node, args.rdzv_endpoint)
+    return Launch(args.nnodes, args.node_rank, args.nproc_per_node, args.rdzv_endpoint, args.launcher == "warm")
 
 
 def main(argv: list[str]) -> int:
@@ -156,6 +166,7 @@ def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> di
     todo = [run for run in plan.todo if launch.node_rank < launch.nodes_for(run.ranks)]
     reps: dict[str, list[Repetition]] = {run.name: [] for run in todo}
     start = time.perf_counter()
+    warm = start_warm(matrix, out, launch, todo)
     with LoadSampler() as load, SweepDisplay(matrix, plan) as display:
 
         def results() -> dict[str, Any]:
@@ -164,6 +175,7 @@ def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> di
                 "reused": len(plan.kept),
                 "repeat": matrix.repeat,
                 "order": "interleaved",
+                "launcher": launcher_info(warm),
                 "wall_s": round(time.perf_counter() - start, 1),
                 "load_avg_1m": load.summary(),
             }
@@ -174,14 +186,35 @@ def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> di
                 if index and reps[run.name][0]["status"] != "ok":
                     continue
                 display.start(run, index)
-                reps[run.name].append(run_one(matrix, run, out, launch, progress=display.step, index=index))
+                rep = run_one(matrix, run, out, launch, progress=display.step, index=index, warm=warm)
+                reps[run.name].append(rep)
                 records[run.name] = make_record(matrix, run, reps[run.name])
                 if launch.node_rank == 0:
                     if index == matrix.repeat - 1 or reps[run.name][0]["status"] != "ok":
                         save_record(out, records[run.name])
                     write_json(out / "results.json", results())
                 display.done(run, reps[run.name][-1], index)
+        if warm is not None:
+            warm.close()
         return results()
+
+
+def start_warm(matrix: BenchMatrix, out: Path, launch: Launch, todo: list[BenchRun]) -> WarmLauncher | None:
+    """The warm launcher for this sweep's one-node runs (None when not asked for, not needed, or unable to start)."""
+    if not launch.warm or launch.nnodes > 1 or not todo:
+        return None
+    env = run_env(matrix, todo[0], out) | {"OMP_NUM_THREADS": "1"}
+    warm = WarmLauncher(env)
+    if not warm.usable:
+        print(f"meshforge bench: the warm launcher could not start ({warm.ready}); using torchrun", file=sys.stderr)
+        return None
+    return warm
+
+
+def launcher_info(warm: WarmLauncher | None) -> dict[str, Any]:
+    if warm is None:
+        return {"kind": "torchrun"}
+    return {"kind": "warm", "import_s": warm.ready.get("import_s"), "usable_to_the_end": warm.usable}
 
 
 def print_matrix(matrix: BenchMatrix, out: Path, launch: Launch, compare_with: str) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from meshforge.bench.machine import cpu_cores, load_average
 from meshforge.bench.matrix import BenchMatrix, BenchRun
 from meshforge.bench.record import Repetition
+from meshforge.bench.warm import WarmJob, WarmLauncher
 from meshforge.errors import ConfigError
 
 SCHEMA_VERSION = 2  # 2: repetitions, bootstrap intervals, raw step values, machine state
@@ -37,6 +38,7 @@ class Launch:
     node_rank: int = 0
     nproc_per_node: int = 0  # 0: the run's ranks on one node
     rdzv_endpoint: str = ""
+    warm: bool = True  # one-node runs start from the warm launcher (bench/warm.py) when it can start
 
     def nodes_for(self, ranks: int) -> int:
         if self.nnodes == 1 or not self.nproc_per_node or ranks <= self.nproc_per_node:
@@ -107,9 +109,11 @@ def run_one(
     launch: Launch,
     progress: Callable[[int], None] | None = None,
     index: int = 0,
+    warm: WarmLauncher | None = None,
 ) -> Repetition:
-    """Start one repetition of a run (in ``runs/<name>/rep<index>/``), wait for it (bounded by its timeout), and
-    return what it did (bench/record.py combines the repetitions of a run into its record)."""
+    """Start one repetition of a run (in ``runs/<name>/rep<index>/``), from the warm launcher when one is given and
+    usable (one node), else as its command line; wait for it (bounded by its timeout), and return what it did
+    (bench/record.py combines the repetitions of a run into its record)."""
     folder = out_dir / "runs" / run.name / f"rep{index}"
     folder.mkdir(parents=True, exist_ok=True)
     metrics_path = folder / "metrics.jsonl"
@@ -121,14 +125,21 @@ def run_one(
     refusal = layout_refusal(matrix, run) or hardware_refusal(run, launch)
     if refusal:
         return rep | {"status": "unsupported", "error": refusal, "load_avg_1m": load_average()}
-    start = time.perf_counter()
     suffix = "" if launch.node_rank == 0 else f".node{launch.node_rank}"
-    with (folder / f"stdout{suffix}.log").open("w") as out, (folder / f"stderr{suffix}.log").open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=run_env(matrix, run, out_dir), start_new_session=True)
+    logs = (folder / f"stdout{suffix}.log", folder / f"stderr{suffix}.log")
+    warm = warm if warm is not None and warm.usable and launch.nodes_for(run.ranks) == 1 else None
+    rep["launcher"] = "warm" if warm else "torchrun" if run.ranks > 1 else "python"
+    start = time.perf_counter()
+    with logs[0].open("w") as out, logs[1].open("w") as err:
+        env = run_env(matrix, run, out_dir)
+        if warm:
+            argv = ["train", *matrix.train_args(run, str(folder))]
+            proc: subprocess.Popen[bytes] | WarmJob = warm.start(argv, run.ranks, env, logs[0], logs[1])
+        else:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
         timed_out = wait(proc, matrix.timeout_of(run), metrics_path, progress)
     wall = time.perf_counter() - start
     metrics = read_metrics(metrics_path)
-    logs = (folder / f"stdout{suffix}.log", folder / f"stderr{suffix}.log")
     status, error = classify(proc.returncode, timed_out, matrix.timeout_of(run), logs, metrics, matrix.steps)
     return rep | {
         "status": status,
@@ -156,7 +167,7 @@ def run_env(matrix: BenchMatrix, run: BenchRun, out_dir: Path) -> dict[str, str]
 
 
 def wait(
-    proc: subprocess.Popen[bytes], timeout_s: int, metrics_path: Path, progress: Callable[[int], None] | None
+    proc: subprocess.Popen[bytes] | WarmJob, timeout_s: int, metrics_path: Path, progress: Callable[[int], None] | None
 ) -> bool:
     """Wait for the process group; report logged steps as they appear; kill the group at the timeout."""
     deadline = time.monotonic() + timeout_s
@@ -170,7 +181,7 @@ def wait(
     return False
 
 
-def stop_group(proc: subprocess.Popen[bytes]) -> None:
+def stop_group(proc: subprocess.Popen[bytes] | WarmJob) -> None:
     """End the process group this runner started (torchrun and its ranks): TERM, then KILL."""
     for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
