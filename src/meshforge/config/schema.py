@@ -134,6 +134,10 @@ class Optimizer:
     """Adam epsilon."""
     weight_decay: float = 0.1
     """Decoupled weight decay."""
+    implementation: Literal["auto", "foreach", "for-loop", "fused"] = "auto"
+    """How the update runs: foreach (one kernel per op over all tensors), for-loop (tensor by tensor), fused (one
+    kernel). auto: foreach on CUDA; for-loop on a CPU, where foreach gains nothing per step and its list ops over
+    DTensors cost seconds of sharding propagation in the first step (docs/benchmarks/startup.md)."""
 
     def validate(self) -> None:
         if self.lr <= 0:

@@ -20,9 +20,15 @@ def build_optimizer(model_parts: list[nn.Module], cfg: Optimizer) -> torch.optim
     """One optimizer over the parameters of all model parts (pipeline stages on this rank)."""
     params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
     cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam
-    return cls(
-        params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=True
-    )
+    how = implementation(cfg.implementation, params[0].device.type if params else "cpu")
+    return cls(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, **how)
+
+
+def implementation(name: str, device_type: str) -> dict[str, bool]:
+    """The optimizer's foreach / fused arguments for ``optimizer.implementation`` on this device type."""
+    if name == "auto":
+        name = "for-loop" if device_type == "cpu" else "foreach"
+    return {"foreach": name == "foreach", "fused": name == "fused"}
 
 
 def lr_factor(step: int, *, warmup: int, total: int, decay: str, min_factor: float) -> float:
@@ -69,5 +75,5 @@ def clip_grad_norm_(params: Iterable[torch.Tensor], max_norm: float, pp_mesh: De
         total = squared.sqrt()
     if max_norm > 0:
         for members in by_mesh.values():
-            torch.nn.utils.clip_grads_with_norm_(members, max_norm, total, foreach=True)
+            torch.nn.utils.clip_grads_with_norm_(members, max_norm, total, foreach=None)  # foreach on CUDA only
     return total
