@@ -18,7 +18,7 @@ lint: $(VENV)/.ready
 	$(VENV)/bin/mypy src
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 clean:
 	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache

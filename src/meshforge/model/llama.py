@@ -217,8 +217,15 @@ def initial_value(fqn: str, shape: tuple[int, ...], args: ModelArgs, seed: int, 
         std, cutoff = 0.02 / math.sqrt(2 * (layer_id + 1)), 2.0
     else:
         std, cutoff = 0.02, 2.0
-    nn.init.trunc_normal_(out, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std, generator=generator)
-    return out.to(device)
+    return truncated_normal_(out, std, cutoff, generator).to(device)
+
+
+def truncated_normal_(out: torch.Tensor, std: float, cutoff: float, generator: torch.Generator) -> torch.Tensor:
+    """Fill ``out`` with N(0, std^2) truncated to +-cutoff x std, by inverting the normal CDF of uniform samples: one
+    pass (torch's trunc_normal_ with a generator resamples until every value lands, ~10x slower on a CPU)."""
+    bound = math.erf(cutoff / math.sqrt(2.0))  # 2 Phi(x) - 1 at x = cutoff
+    out.uniform_(-bound, bound, generator=generator).erfinv_().mul_(std * math.sqrt(2.0))
+    return out.clamp_(-cutoff * std, cutoff * std)
 
 
 def copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
