@@ -35,6 +35,7 @@ from meshforge.plan.memory import (
     memory,
     part_numel,
     rank_parts,
+    routed_width_per_token,
 )
 from meshforge.plan.moe import moe_estimate
 
@@ -106,7 +107,10 @@ def recompute_fractions(args: ModelArgs, layout: Layout) -> tuple[float, float, 
             ew += share
             # every other matmul saved (meshforge and TorchTitan alike): wk, wo, w3 recomputed
             d, q, kv, f = args.dim, args.n_heads * args.head_dim, args.kv_heads * args.head_dim, args.ffn_hidden_dim
-            mm += share * (kv * d + q * d + f * d) / (2 * q * d + 2 * kv * d + 3 * f * d)
+            again: float = kv * d + q * d + f * d
+            if args.is_moe:  # compute_view: the routed experts' grouped matmuls are not on the save list at all
+                again += 2 * d * routed_width_per_token(args, layout.ep) * layout.tp  # in f they count x tp
+            mm += share * again / (2 * q * d + 2 * kv * d + 3 * f * d)
     return mm, attn, ew
 
 
@@ -126,6 +130,9 @@ def layer_times(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates) 
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
     linear = linear_numel(args, layout.tp)
     mm = 2 * tokens * linear / r.matmul
+    if args.is_moe and layout.float8:  # compute_view: Float8 converts nn.Linear only, the routed experts stay bf16
+        routed = 3 * args.dim * routed_width_per_token(args, layout.ep)
+        mm += 2 * tokens * routed * (1 / r.head_matmul - 1 / r.matmul)
     attn = 2 * args.head_dim * args.n_heads / layout.tp * layout.seq_len * tokens / r.attention  # causal
     ew = elementwise_bytes_per_token(args, layout) * tokens / r.memory
     if layout.cp > 1:

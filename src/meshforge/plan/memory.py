@@ -147,7 +147,13 @@ def compute_view(args: ModelArgs, tp: int, ep: int) -> ModelArgs:
     moe_width = args.n_shared_experts * args.moe_ffn_dim + tp * load * args.top_k * args.moe_ffn_dim
     dense = args.first_k_dense * (args.dense_ffn_dim or args.ffn_hidden_dim)
     width = (dense + (args.n_layers - args.first_k_dense) * moe_width) / args.n_layers
-    return replace(args, n_routed_experts=0, ffn_dim=round(width))
+    return replace(args, ffn_dim=round(width))  # keeps the MoE fields: estimate.layer_times reads them
+
+
+def routed_width_per_token(args: ModelArgs, ep: int) -> float:
+    """Of compute_view's FFN width, the routed experts' share on one TP rank (mean over the blocks)."""
+    load = MAX_LOAD if ep > 1 else 1.0
+    return (args.n_layers - args.first_k_dense) / args.n_layers * load * args.top_k * args.moe_ffn_dim
 
 
 def routed_bytes_per_token(args: ModelArgs, layout: Layout) -> float:
