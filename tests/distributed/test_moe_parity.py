@@ -71,3 +71,37 @@ def test_pp2_ep2_matches_single_process() -> None:
             ],
         )
     )
+
+
+def test_cp2_ep2_matches_single_process() -> None:
+    # EP over the two context-parallel ranks (dp_shard 1): each routes its half of every sequence
+    check(
+        moe_run(
+            2,
+            [
+                "--training.local_batch_size",
+                "8",
+                "--parallelism.expert_parallel_degree",
+                "2",
+                "--parallelism.context_parallel_degree",
+                "2",
+            ],
+        )
+    )
+
+
+def test_fsdp2_cp2_ep4_matches_single_process() -> None:
+    # EP spans dp_shard x cp: one all-to-all mixes other sequences' tokens and other halves of the same sequences
+    check(
+        moe_run(
+            4,
+            [
+                "--training.local_batch_size",
+                "4",
+                "--parallelism.expert_parallel_degree",
+                "4",
+                "--parallelism.context_parallel_degree",
+                "2",
+            ],
+        )
+    )

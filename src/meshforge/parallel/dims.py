@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from meshforge.config.schema import Float8, Parallelism
 from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs
+from meshforge.parallel.expert_rules import check_ep_compile, check_ep_degrees, check_ep_shape
 
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 FLATTENED = {
@@ -77,19 +78,8 @@ class ParallelDims:
         return dims
 
     def validate_ep(self) -> None:
-        """Expert parallel borrows from the data-parallel shard x context ranks."""
-        if self.ep < 1:
-            raise ConfigError(f"parallelism.expert_parallel_degree = {self.ep} must be >= 1 (1 disables it)")
-        if self.ep > 1 and (self.dp_shard * self.cp) % self.ep:
-            raise ConfigError(
-                f"parallelism.expert_parallel_degree = {self.ep} must divide data_parallel_shard x context degrees "
-                f"= {self.dp_shard * self.cp}; choose a divisor of it"
-            )
-        if self.ep > 1 and self.dp_replicate > 1:
-            raise ConfigError(
-                f"parallelism.expert_parallel_degree = {self.ep} with data_parallel_replicate_degree = "
-                f"{self.dp_replicate} (HSDP) is not supported yet; use data_parallel_shard_degree instead"
-            )
+        """Expert parallel borrows from the data-parallel shard x context ranks (parallel/expert_rules.py)."""
+        check_ep_degrees(self.ep, self.dp_shard, self.cp, self.dp_replicate)
 
     @property
     def efsdp(self) -> int:
@@ -159,25 +149,8 @@ class ParallelDims:
             )
 
     def validate_moe(self, args: ModelArgs) -> None:
-        """Expert-parallel degrees against the MoE shape."""
-        if self.ep == 1:
-            return
-        if not args.is_moe:
-            raise ConfigError(
-                f"parallelism.expert_parallel_degree = {self.ep} needs an MoE flavor (n_routed_experts > 0); "
-                "set it to 1 or pick an MoE model.flavor"
-            )
-        if args.n_routed_experts % self.ep:
-            raise ConfigError(
-                f"parallelism.expert_parallel_degree = {self.ep} does not divide the {args.n_routed_experts} routed "
-                "experts; choose a divisor of the expert count"
-            )
-        for key, size in (("moe_ffn_dim", args.moe_ffn_dim), ("dim", args.dim)):
-            if size % self.efsdp:
-                raise ConfigError(
-                    f"the experts' FSDP degree dp_shard x cp / ep = {self.efsdp} does not divide the model's {key} "
-                    f"({size}); change parallelism.expert_parallel_degree or data_parallel_shard_degree"
-                )
+        """Expert-parallel degrees against the MoE shape (parallel/expert_rules.py)."""
+        check_ep_shape(self.ep, self.efsdp, args)
 
     def validate_features(
         self, parallelism: Parallelism, *, device: torch.device, compile_enabled: bool, float8: Float8
@@ -206,11 +179,7 @@ class ParallelDims:
                 )
         if self.cp > 1:
             check_cp_impl(parallelism.context_parallel_impl, device.type, compile_enabled=compile_enabled)
-        if self.ep > 1 and compile_enabled:
-            raise ConfigError(
-                f"parallelism.expert_parallel_degree = {self.ep} with compile.enable = true is not supported (the "
-                "token all-to-all sizes are data-dependent); set compile.enable = false"
-            )
+        check_ep_compile(self.ep, compile_enabled)
         check_float8_support(float8, device)
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:

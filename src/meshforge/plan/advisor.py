@@ -3,7 +3,8 @@
 The global batch (sequences per optimizer step) of the given config is kept: each candidate's local batch is that
 divided by its data-parallel degree. Compile is turned on (it never costs speed in the model), Float8 where the device
 has fp8 tensor cores, async TP only where a measurement confirms the implementation's overlap (TorchTitan's; never
-meshforge's yet); AC mode, pipeline schedule and microbatch size are searched. What is left out is said, with why.
+meshforge's yet); AC mode, pipeline schedule and microbatch size are searched, and for MoE flavors the expert-parallel
+degree (every divisor of the expert count that training's rules allow). What is left out is said, with why.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs
+from meshforge.parallel.expert_rules import check_ep_degrees, check_ep_shape
 from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
@@ -69,6 +71,20 @@ def structures(args: ModelArgs, base: Layout, world: int, devices_per_node: int)
                     yield rep, dp // rep, cp, tp, pp
 
 
+def ep_options(args: ModelArgs, rep: int, shard: int, cp: int) -> list[int]:
+    """Expert-parallel degrees to try: 1 for dense flavors, else the divisors of the expert count that pass training's
+    checks (parallel/expert_rules.py) for this dp_replicate x dp_shard x cp."""
+    out = []
+    for ep in divisors(args.n_routed_experts) if args.is_moe else [1]:
+        try:
+            check_ep_degrees(ep, shard, cp, rep)
+            check_ep_shape(ep, shard * cp // ep, args)
+        except ConfigError:
+            continue
+        out.append(ep)
+    return out
+
+
 def excluded_features(base: Layout, hw: HardwareProfile) -> list[tuple[str, str]]:
     """What the search does not turn on, and why: features this hardware cannot run, and features whose benefit no
     measurement has confirmed for this implementation (the model would credit nothing, so they only add risk)."""
@@ -91,29 +107,38 @@ def excluded_features(base: Layout, hw: HardwareProfile) -> list[tuple[str, str]
 def candidates(args: ModelArgs, base: Layout, world: int, hw: HardwareProfile) -> Iterator[Layout]:
     """Every layout to try for ``world`` devices."""
     global_seqs = base.local_batch_size * base.dp * base.grad_accum
+    for rep, shard, cp, tp, pp in structures(args, base, world, hw.spec.devices_per_node):
+        for ep in ep_options(args, rep, shard, cp):
+            yield from layouts_of(args, base, (rep, shard, cp, tp, pp, ep), global_seqs // (rep * shard), hw)
+
+
+def layouts_of(
+    args: ModelArgs, base: Layout, degrees: tuple[int, ...], lbs: int, hw: HardwareProfile
+) -> Iterator[Layout]:
+    """The schedules, AC modes and Float8 settings of one structure (dp_replicate, dp_shard, cp, tp, pp, ep)."""
+    rep, shard, cp, tp, pp, ep = degrees
     fp8_options = (False, True) if hw.spec.peak_fp8_flops > 0 else (False,)
     async_tp = hw.spec.is_gpu and base.impl in ASYNC_TP_CONFIRMED
-    for rep, shard, cp, tp, pp in structures(args, base, world, hw.spec.devices_per_node):
-        lbs = global_seqs // (rep * shard)
-        shape = replace(
-            base,
-            dp_replicate=rep,
-            dp_shard=shard,
-            cp=cp,
-            tp=tp,
-            pp=pp,
-            local_batch_size=lbs,
-            grad_accum=1,
-            compile=True,
-            async_tp=tp > 1 and async_tp,
-            cp_impl="allgather" if cp > 1 else base.cp_impl,
-            reshard_after_forward=pp == 1,
-            layers_per_stage=-1,
-        )
-        for pipe in pipeline_options(shape):
-            for ac in AC_MODES:
-                for fp8 in fp8_options:
-                    yield with_stages(replace(pipe, ac_mode=ac, sac_option="op", float8=fp8), args)
+    shape = replace(
+        base,
+        dp_replicate=rep,
+        dp_shard=shard,
+        cp=cp,
+        ep=ep,
+        tp=tp,
+        pp=pp,
+        local_batch_size=lbs,
+        grad_accum=1,
+        compile=ep == 1,  # training refuses compile under expert parallel
+        async_tp=tp > 1 and async_tp and ep == 1,  # async TP needs compile
+        cp_impl="allgather" if cp > 1 else base.cp_impl,
+        reshard_after_forward=pp == 1,
+        layers_per_stage=-1,
+    )
+    for pipe in pipeline_options(shape):
+        for ac in AC_MODES:
+            for fp8 in fp8_options:
+                yield with_stages(replace(pipe, ac_mode=ac, sac_option="op", float8=fp8), args)
 
 
 def pipeline_options(layout: Layout) -> Iterator[Layout]:
@@ -143,7 +168,7 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
     too_big: set[tuple[int | str, ...]] = set()
     for layout in candidates(args, base, world, hw):
         tried += 1
-        shape = (layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp, layout.pp, layout.schedule)
+        shape = (layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp, layout.pp, layout.ep, layout.schedule)
         if shape in too_big:  # its model state alone does not fit: no AC mode, microbatch or Float8 changes that
             continue
         try:
@@ -185,7 +210,7 @@ def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:
 
 def complexity(layout: Layout) -> int:
     """Parallel dimensions beyond plain FSDP."""
-    return sum(d > 1 for d in (layout.tp, layout.pp, layout.cp, layout.dp_replicate))
+    return sum(d > 1 for d in (layout.tp, layout.pp, layout.cp, layout.dp_replicate, layout.ep))
 
 
 def recommendation_order(estimates: list[Estimate]) -> list[Estimate]:

@@ -2,10 +2,11 @@
 
 Step time = the microbatches through the stages (each stage: its blocks' forward + backward + recomputation, the head,
 and the exposed tensor/context-parallel communication; under pipeline parallel the schedule is simulated with its
-sends, simulator.py) + FSDP communication that compute cannot hide + the optimizer step. Compute is FLOPs over
-achieved FLOP/s (matmuls and flash attention separately) plus element-wise bytes over achieved memory bandwidth;
-communication is alpha-beta (comm.py). Memory is memory.py. The constants are hardware.Efficiency's; docs/planner.md
-derives every formula.
+sends, simulator.py) + FSDP communication that compute cannot hide + the optimizer step (+ for MoE flavors the token
+all-to-alls of expert parallel, plan/moe.py, all exposed: meshforge waits on each before the experts run). Compute is
+FLOPs over achieved FLOP/s (matmuls and flash attention separately) plus element-wise bytes over achieved memory
+bandwidth; communication is alpha-beta (comm.py). Memory is memory.py. The constants are hardware.Efficiency's;
+docs/planner.md derives every formula.
 """
 
 from __future__ import annotations
@@ -22,16 +23,21 @@ from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, check_layout, layout_args, stage_layer_counts
 from meshforge.plan.memory import (
     DTYPE_BYTES,
+    MAX_LOAD,
     MemoryBreakdown,
     RankParts,
     block_modes,
+    blocks_numel,
+    compute_view,
     gathered_layer_bytes,
     linear_numel,
     local_param_numel,
     memory,
     part_numel,
     rank_parts,
+    routed_width_per_token,
 )
+from meshforge.plan.moe import moe_estimate
 
 ATTENTION_BWD_FACTOR = 2.5
 """Flash-attention backward FLOPs over forward: it recomputes the scores (5 matmuls against 2)."""
@@ -101,7 +107,10 @@ def recompute_fractions(args: ModelArgs, layout: Layout) -> tuple[float, float, 
             ew += share
             # every other matmul saved (meshforge and TorchTitan alike): wk, wo, w3 recomputed
             d, q, kv, f = args.dim, args.n_heads * args.head_dim, args.kv_heads * args.head_dim, args.ffn_hidden_dim
-            mm += share * (kv * d + q * d + f * d) / (2 * q * d + 2 * kv * d + 3 * f * d)
+            again: float = kv * d + q * d + f * d
+            if args.is_moe:  # compute_view: the routed experts' grouped matmuls are not on the save list at all
+                again += 2 * d * routed_width_per_token(args, layout.ep) * layout.tp  # in f they count x tp
+            mm += share * again / (2 * q * d + 2 * kv * d + 3 * f * d)
     return mm, attn, ew
 
 
@@ -121,6 +130,9 @@ def layer_times(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates) 
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
     linear = linear_numel(args, layout.tp)
     mm = 2 * tokens * linear / r.matmul
+    if args.is_moe and layout.float8:  # compute_view: Float8 converts nn.Linear only, the routed experts stay bf16
+        routed = 3 * args.dim * routed_width_per_token(args, layout.ep)
+        mm += 2 * tokens * routed * (1 / r.head_matmul - 1 / r.matmul)
     attn = 2 * args.head_dim * args.n_heads / layout.tp * layout.seq_len * tokens / r.attention  # causal
     ew = elementwise_bytes_per_token(args, layout) * tokens / r.memory
     if layout.cp > 1:
@@ -214,7 +226,7 @@ class RankTime:
 
 def rank_time(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates, rank: int) -> RankTime:
     parts = rank_parts(args, layout, rank)
-    lt = layer_times(args, layout, hw, r)
+    lt = layer_times(compute_view(args, layout.tp, layout.ep), layout, hw, r)  # MoE: by the active parameters
     compute = parts.layers * (lt.forward + lt.backward) + head_time(args, layout, hw, r, parts)
     tp, cp = parts.layers * lt.tp_comm, parts.layers * lt.cp_comm
     return RankTime(compute + tp + cp, compute, tp, cp, lt, parts)
@@ -229,6 +241,8 @@ def fsdp_exposed(args: ModelArgs, layout: Layout, hw: HardwareProfile, rt: RankT
     e, r = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.reduce_dtype]
     link = comm.axis_link(layout, ("dp_shard", "cp"), hw)
     layer_numel = part_numel(args, "block", layout.tp, 1)
+    if args.is_moe:  # the mean block (routed experts E / ep, gathered over efsdp: counted over dp_shard x cp)
+        layer_numel = blocks_numel(args, layout, rt.parts, 1) // max(1, rt.parts.layers)
     root_numel = root_full_numel(args, layout, rt.parts)
     ag = comm.all_gather(gathered_layer_bytes(args, layout), layout.fsdp_size, link)
     rs = comm.reduce_scatter(layer_numel * r, layout.fsdp_size, link)
@@ -261,7 +275,7 @@ def stage_costs(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates, 
     """Seconds of one microbatch through each pipeline stage (its blocks, exposed TP/CP communication, and the
     output and loss on the last), compute slowed ``over`` times; split into forward and backward like one block."""
     counts = stage_layer_counts(args.n_layers, layout)
-    lt = layer_times(args, layout, hw, r)
+    lt = layer_times(compute_view(args, layout.tp, layout.ep), layout, hw, r)
     forward_share = lt.forward / (lt.forward + lt.backward)
     costs = []
     for s, layers in enumerate(counts):
@@ -379,6 +393,8 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
         "pipeline_bubble": bubble,
     }
     times["optimizer"] = numel * OPTIMIZER_TRAFFIC_PER_PARAM / r.memory * over
+    if args.is_moe:  # token all-to-alls: exposed, none overlapped with compute (meshforge waits on each at once)
+        times["exposed_ep_comm"] = moe_estimate(args, layout, layout.ep, hw, MAX_LOAD).all_to_all_seconds
     step = sum(times.values())
     tps = layout.tokens_per_device_step / step
     spec = hw.spec

@@ -15,6 +15,7 @@ from meshforge.config.io import ConfigError
 from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.model.hf_config import model_label, resolve_model_args
+from meshforge.parallel.expert_rules import check_ep_compile, check_ep_degrees, check_ep_shape
 from meshforge.parallel.pipeline import catalog, split
 from meshforge.parallel.pipeline.catalog import MULTI_STAGE, SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 
@@ -40,6 +41,8 @@ class Layout:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1
+    """Expert parallel: MoE experts split over ``ep`` of the dp_shard x cp ranks (not a factor of the world size)."""
     schedule: str = "1F1B"
     microbatch_size: int = 1
     stages_per_rank: int = 1
@@ -77,6 +80,11 @@ class Layout:
         return self.dp_shard * self.cp
 
     @property
+    def efsdp(self) -> int:
+        """Ranks each expert-parallel rank's experts are FSDP-sharded over: dp_shard x cp / ep."""
+        return self.fsdp_size // self.ep
+
+    @property
     def num_stages(self) -> int:
         return self.pp * self.stages_per_rank
 
@@ -112,6 +120,8 @@ class Layout:
             if degree > 1:
                 parts.append(f"{label} {degree}")
         text = " x ".join(parts) or "single device"
+        if self.ep > 1:
+            text += f" [EP {self.ep}]"
         if self.pp > 1:
             mbs = self.local_batch_size // self.microbatch_size
             text += f" ({self.schedule}, {mbs} x mb {self.microbatch_size})"
@@ -159,6 +169,7 @@ def layout_from_config(
         tp=par.tensor_parallel_degree,
         pp=par.pipeline_parallel_degree,
         cp=par.context_parallel_degree,
+        ep=par.expert_parallel_degree,
         schedule=schedule,
         microbatch_size=par.pipeline_parallel_microbatch_size,
         layers_per_stage=par.pipeline_parallel_layers_per_stage,
@@ -238,6 +249,9 @@ def check_layout(layout: Layout, args: ModelArgs) -> None:
             raise ConfigError(f"seq_len {layout.seq_len} is not divisible by tensor_parallel_degree {layout.tp}")
     if layout.cp > 1 and layout.seq_len % (2 * layout.cp):
         raise ConfigError(f"seq_len {layout.seq_len} is not divisible by 2 x context_parallel_degree = {2 * layout.cp}")
+    check_ep_degrees(layout.ep, layout.dp_shard, layout.cp, layout.dp_replicate)  # training's rules
+    check_ep_shape(layout.ep, layout.efsdp, args)
+    check_ep_compile(layout.ep, layout.compile)
     if layout.pp > 1:
         check_pipeline(layout, args)
     if layout.impl not in IMPLEMENTATIONS:

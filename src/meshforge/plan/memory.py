@@ -4,13 +4,19 @@ Parameters are counted shape by shape with the real sharding rules, so the analy
 tensor parallel allocate on rank 0 (tests/unit/test_plan_exact.py checks this against a fake process group):
 TP shards wq/wk/wv/w1/w3/output on dim 0 (colwise), wo/w2 on dim 1 (rowwise), the embedding on dim 0 (vocab);
 FSDP2 then chunks each TP-local tensor on dim 0 over dp_shard x cp ranks, rank 0 holding ceil(rows / n) rows.
+
+MoE flavors: the first first_k_dense blocks have a dense SwiGLU of dense_ffn_dim; the others hold attention, a router
+(replicated under TP), shared experts (split like a dense FFN) and the routed experts, which TP leaves whole and which
+FSDP chunks on the expert dim over dp_shard x cp, or, under expert parallel, which each rank holds E / ep of, chunked
+on their dim 1 over efsdp = dp_shard x cp / ep (parallel/expert_parallel.py, parallel/fsdp.py). Compute and
+activations use ``compute_view``: the model with its FFN width set to what a token runs (the active parameters).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshforge.model.flavors import ModelArgs
 from meshforge.plan import schedules
@@ -27,6 +33,10 @@ LOSS_PARALLEL_BYTES_PER_LOGIT = 16
 backward's peak (saved output, incoming gradient, exp(output), its product with the sum, the result)."""
 NORM_EAGER_BYTES = 8
 """Eager RMSNorm saves two fp32 copies of its input (x.float() twice) per hidden element."""
+MAX_LOAD = 1.25
+"""MoE under expert parallel: rows the busiest rank's experts receive over the mean. Its routed compute and saved
+activations are sized for this (the imbalance headroom) since the step waits for it; without EP every rank runs its
+own tokens' experts and the load is even across ranks. An assumption, not a measurement (plan/moe.py's default)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,95 @@ def head_params(args: ModelArgs) -> tuple[ParamSpec, ...]:
     return (ParamSpec("norm.weight", (args.dim,), None), ParamSpec("output.weight", (args.vocab_size, args.dim), 0))
 
 
+@functools.lru_cache(maxsize=64)
+def dense_view(args: ModelArgs) -> ModelArgs:
+    """An MoE model's dense blocks (the first first_k_dense) as a dense model's block."""
+    return replace(args, n_routed_experts=0, ffn_dim=args.dense_ffn_dim or args.ffn_hidden_dim)
+
+
+@functools.lru_cache(maxsize=64)
+def moe_block_params(args: ModelArgs) -> tuple[ParamSpec, ...]:
+    """An MoE block's parameters but the routed experts: attention, norms, the router, the shared experts."""
+    attention = tuple(p for p in block_params(args) if not p.name.startswith("feed_forward."))
+    d, s = args.dim, args.n_shared_experts * args.moe_ffn_dim
+    router = ParamSpec("feed_forward.router.gate.weight", (args.n_routed_experts, d), None)
+    if not s:
+        return (*attention, router)
+    shared = tuple(
+        ParamSpec(f"feed_forward.shared_experts.{w}.weight", shape, dim)
+        for w, shape, dim in (("w1", (s, d), 0), ("w2", (d, s), 1), ("w3", (s, d), 0))
+    )
+    return (*attention, router, *shared)
+
+
+def routed_numel(args: ModelArgs, fsdp: int, ep: int) -> int:
+    """Rank 0's routed-expert elements of one MoE block (w1, w3: (E, h, d); w2: (E, d, h); never TP-split):
+    ep 1: FSDP chunks dim 0 (the experts) over dp_shard x cp; ep > 1: E / ep experts chunked on dim 1 over efsdp."""
+    e, h, d = args.n_routed_experts, args.moe_ffn_dim, args.dim
+    if ep == 1:
+        return 3 * -(-e // fsdp) * h * d
+    efsdp = fsdp // ep
+    return e // ep * (2 * -(-h // efsdp) * d + -(-d // efsdp) * h)
+
+
+@functools.lru_cache(maxsize=4096)
+def moe_block_numel(args: ModelArgs, tp: int, fsdp: int, ep: int) -> int:
+    """Rank 0's elements of one MoE block under TP x FSDP x EP (fsdp = dp_shard x cp, as for every parameter)."""
+    return sum(shard_numel(p, tp, fsdp) for p in moe_block_params(args)) + routed_numel(args, fsdp, ep)
+
+
+def moe_block_full_numel(args: ModelArgs, tp: int, ep: int) -> int:
+    """Elements of one MoE block's FSDP-gathered weights: TP-local, routed experts E / ep of them whole."""
+    return sum(full_numel(p, tp) for p in moe_block_params(args)) + routed_numel(args, ep, ep)
+
+
+def blocks_numel(args: ModelArgs, layout: Layout, parts: RankParts, fsdp: int) -> int:
+    """Rank 0's elements of a pipeline rank's blocks, chunked over ``fsdp`` ranks (1: gathered, as FSDP all-gathers
+    them; experts E / ep under EP)."""
+    tp = layout.tp
+    if not args.is_moe:
+        return parts.layers * part_numel(args, "block", tp, fsdp)
+    dense = (parts.layers - parts.moe_layers) * part_numel(dense_view(args), "block", tp, fsdp)
+    if fsdp == 1:
+        return dense + parts.moe_layers * moe_block_full_numel(args, tp, layout.ep)
+    return dense + parts.moe_layers * moe_block_numel(args, tp, fsdp, layout.ep)
+
+
+@functools.lru_cache(maxsize=256)
+def compute_view(args: ModelArgs, tp: int, ep: int) -> ModelArgs:
+    """What one block computes per token on one TP rank, as a dense model: an MoE flavor's FFN width becomes the
+    per-layer mean of the dense blocks' width and the MoE blocks' shared + top_k routed widths. TP ranks each run
+    the routed experts on the whole sequence (x tp), the busiest EP rank on MAX_LOAD x the mean rows. The router
+    and the token shuffles are left out. Dense flavors: ``args`` itself."""
+    if not args.is_moe:
+        return args
+    load = MAX_LOAD if ep > 1 else 1.0
+    moe_width = args.n_shared_experts * args.moe_ffn_dim + tp * load * args.top_k * args.moe_ffn_dim
+    dense = args.first_k_dense * (args.dense_ffn_dim or args.ffn_hidden_dim)
+    width = (dense + (args.n_layers - args.first_k_dense) * moe_width) / args.n_layers
+    return replace(args, ffn_dim=round(width))  # keeps the MoE fields: estimate.layer_times reads them
+
+
+def routed_width_per_token(args: ModelArgs, ep: int) -> float:
+    """Of compute_view's FFN width, the routed experts' share on one TP rank (mean over the blocks)."""
+    load = MAX_LOAD if ep > 1 else 1.0
+    return (args.n_layers - args.first_k_dense) / args.n_layers * load * args.top_k * args.moe_ffn_dim
+
+
+def routed_bytes_per_token(args: ModelArgs, layout: Layout) -> float:
+    """Saved bytes per token, averaged over the blocks, of the routed rows of MoE blocks without checkpointing: per
+    row (top_k per token) the experts' input and the fp32 expert output of the gate-weighted sum, at MAX_LOAD under
+    EP. TP ranks each route the whole sequence. Checkpointed blocks (full, or per-op: the grouped matmuls and the
+    all-to-alls are not on the save list, parallel/activation_ckpt.py) recompute them."""
+    if not args.is_moe:
+        return 0.0
+    per_row = (DTYPE_BYTES[layout.param_dtype] + 4) * args.dim
+    load = MAX_LOAD if layout.ep > 1 else 1.0
+    plain = block_modes(args, layout).get("none", 0.0)
+    share = (args.n_layers - args.first_k_dense) / args.n_layers
+    return load * args.top_k * per_row * plain * share
+
+
 @functools.lru_cache(maxsize=4096)
 def part_numel(args: ModelArgs, part: str, tp: int, fsdp: int) -> int:
     """Rank 0's elements of one block / the embedding / the head (norm + output) under TP x FSDP."""
@@ -107,19 +206,26 @@ class RankParts:
     embedding: bool
     head: bool
     stage_layers: tuple[int, ...]
+    moe_layers: int = 0
+    """Of ``layers``, the MoE blocks (ids >= first_k_dense)."""
 
 
 def rank_parts(args: ModelArgs, layout: Layout, rank: int) -> RankParts:
     counts = stage_layer_counts(args.n_layers, layout) if layout.pp > 1 else [args.n_layers]
     stages = stages_of_rank(layout, rank) if layout.pp > 1 else [0]
     last = len(counts) - 1
-    return RankParts(sum(counts[s] for s in stages), 0 in stages, last in stages, tuple(counts[s] for s in stages))
+    moe = 0
+    if args.is_moe:
+        starts = [sum(counts[:s]) for s in stages]
+        moe = sum(max(0, a + counts[s] - max(a, args.first_k_dense)) for a, s in zip(starts, stages, strict=True))
+    layers = sum(counts[s] for s in stages)
+    return RankParts(layers, 0 in stages, last in stages, tuple(counts[s] for s in stages), moe)
 
 
 def local_param_numel(args: ModelArgs, layout: Layout, parts: RankParts) -> int:
     """Parameter elements rank 0 of the FSDP x TP grid holds for these parts (the optimizer's share)."""
     tp, fsdp = layout.tp, layout.fsdp_size
-    total = parts.layers * part_numel(args, "block", tp, fsdp)
+    total = blocks_numel(args, layout, parts, fsdp)
     if parts.embedding:
         total += part_numel(args, "embedding", tp, fsdp)
     if parts.head:
@@ -127,9 +233,20 @@ def local_param_numel(args: ModelArgs, layout: Layout, parts: RankParts) -> int:
     return total
 
 
+def routed_rank_numel(args: ModelArgs, layout: Layout, rank: int) -> int:
+    """Of a pipeline rank's parameter elements (rank 0 of its FSDP x TP grid), those of the routed experts."""
+    return rank_parts(args, layout, rank).moe_layers * routed_numel(args, layout.fsdp_size, layout.ep)
+
+
 def gathered_layer_bytes(args: ModelArgs, layout: Layout) -> float:
     """Bytes of one block's all-gathered (TP-local) weights in the compute dtype (Float8 all-gather: 1 byte)."""
     e = DTYPE_BYTES[layout.param_dtype]
+    if args.is_moe:  # the larger block kind; the routed experts (E / ep of them) are gathered in the compute dtype
+        tp, ep = layout.tp, layout.ep
+        linear = sum(full_numel(p, tp) for p in moe_block_params(args) if p.tp_dim is not None)
+        fp8 = linear if layout.float8 and layout.float8_all_gather else 0
+        moe = moe_block_full_numel(args, tp, ep) * e - fp8 * (e - 1)
+        return max(moe, gathered_layer_bytes(dense_view(args), layout))
     linear = linear_numel(args, layout.tp)
     fp8 = layout.float8 and layout.float8_all_gather
     return linear * (1 if fp8 else e) + (part_numel(args, "block", layout.tp, 1) - linear) * e
@@ -270,10 +387,11 @@ def rank_allocated(args: ModelArgs, layout: Layout, rank: int) -> tuple[int, flo
     parts = rank_parts(args, layout, rank)
     numel = local_param_numel(args, layout, parts)
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
-    per_layer = saved_bytes_per_token(args, layout) * tokens
+    view = compute_view(args, layout.tp, layout.ep)  # MoE: the active FFN width (args itself for dense flavors)
+    per_layer = (saved_bytes_per_token(view, layout) + routed_bytes_per_token(args, layout)) * tokens
     mean_stage = parts.layers / max(1, len(parts.stage_layers))
     saved = schedules.in_flight(layout, rank) * mean_stage * per_layer
-    transient = transient_bytes_per_token(args, layout) * tokens
+    transient = transient_bytes_per_token(view, layout) * tokens
     per_logit = LOSS_PARALLEL_BYTES_PER_LOGIT if layout.tp > 1 else LOSS_BYTES_PER_LOGIT
     loss = per_logit * tokens * args.vocab_size / layout.tp if parts.head else 0.0
     activations = saved + max(transient, loss)
@@ -285,6 +403,8 @@ def comm_buffer_bytes(args: ModelArgs, layout: Layout, parts: RankParts, tokens:
     e, r = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.reduce_dtype]
     sharded = layout.fsdp_size > 1 or layout.dp_replicate > 1
     layer_numel = part_numel(args, "block", layout.tp, 1)
+    if args.is_moe:  # the mean block, gathered (routed experts: E / ep of them)
+        layer_numel = blocks_numel(args, layout, parts, 1) // max(1, parts.layers)
     root_numel = part_numel(args, "embedding", layout.tp, 1) * parts.embedding
     root_numel += part_numel(args, "head", layout.tp, 1) * parts.head
     total = 0.0

@@ -4,9 +4,10 @@
 * Each rank keeps E / ep routed experts, sharded again over efsdp = dp_shard x cp / ep ranks by FSDP; the rest of
   the model is sharded over dp_shard x cp as in a dense model (parallel/expert_parallel.py, parallel/fsdp.py).
 * Tokens travel by all-to-all: per MoE layer and micro-step, dispatch + combine in forward and the same two in
-  backward (plus one forward pair again under full activation checkpointing). Each rank sends (ep - 1) / ep of its
-  tokens x top_k rows; the ep ranks are neighbours inside dp_shard x cp (with tp inside them), so the group stays on
-  NVLink while ep x tp fits a host, else it crosses the inter-node network.
+  backward, plus one forward pair again where backward recomputes the block (full AC, and per-op selective AC:
+  the all-to-alls are not on its save list). Each rank sends (ep - 1) / ep of its tokens x top_k rows; the ep ranks
+  are neighbours inside dp_shard x cp (with tp inside them), so the group stays on NVLink while ep x tp fits
+  a host, else it crosses the inter-node network.
 * Load imbalance: the busiest rank receives ``max_load`` x the mean rows; its all-to-all and expert activations are
   sized for that (the headroom), since the step waits for the slowest rank.
 """
@@ -66,7 +67,12 @@ def moe_estimate(args: ModelArgs, layout: Layout, ep: int, hw: HardwareProfile, 
     e = DTYPE_BYTES[layout.param_dtype]
     tokens = layout.local_batch_size * layout.seq_len / layout.cp  # routed by one rank per micro-step
     rows = tokens * args.top_k
-    passes = 6 if layout.ac_mode == "full" else 4  # dispatch + combine, forward and backward (+ recompute)
+    # dispatch + combine, forward and backward, + again where backward recomputes the block: full AC, and per-op
+    # selective AC too (the all-to-alls are not on its save list, parallel/activation_ckpt.py)
+    if layout.ac_mode == "selective" and layout.sac_option != "op":  # every N-th block fully checkpointed
+        passes = 4 + 2 / int(layout.sac_option)
+    else:
+        passes = 4 if layout.ac_mode == "none" else 6
     link = expert_link(layout, ep, hw)
     one = all_to_all(rows * args.dim * e * max_load, ep, link)
     a2a = passes * one * (n_moe / layout.pp) * layout.grad_accum

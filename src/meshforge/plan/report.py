@@ -9,9 +9,10 @@ from meshforge.plan import fit as fitting
 from meshforge.plan.advisor import SearchResult, best_by, complexity
 from meshforge.plan.estimate import Estimate
 from meshforge.plan.fit import Fit, MemoryFit
-from meshforge.plan.hardware import HardwareProfile
+from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.interval import Interval, interval, separable
 from meshforge.plan.layout import layout_args
+from meshforge.plan.memory import MAX_LOAD, STATE_BYTES, routed_rank_numel
 
 TIME_LABELS = {
     "compute": "compute (matmuls, attention, element-wise)",
@@ -19,6 +20,7 @@ TIME_LABELS = {
     "exposed_tp_comm": "exposed TP all-gather / reduce-scatter",
     "exposed_cp_comm": "exposed CP K/V exchange",
     "exposed_pp_comm": "exposed PP send / receive",
+    "exposed_ep_comm": "MoE token all-to-all (never overlapped)",
     "pipeline_bubble": "pipeline bubble",
     "optimizer": "optimizer step",
 }
@@ -28,6 +30,7 @@ SHORT = {
     "exposed_tp_comm": "TP comm",
     "exposed_cp_comm": "CP comm",
     "exposed_pp_comm": "PP comm",
+    "exposed_ep_comm": "EP comm",
     "pipeline_bubble": "bubble",
     "optimizer": "optimizer",
 }
@@ -50,6 +53,7 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
     if iv is not None:
         verdict = memory_verdict(est, iv)
     lines.append(f"  {'peak':<28} {est.peak_memory_gib:8.2f}   of {usable:.1f} usable -> {verdict}")
+    lines += moe_lines(est)
     lines += ["", f"step time (s), {est.layout.tokens_per_device_step:,.0f} tokens per device per step:"]
     for key, value in est.time.items():
         lines.append(f"  {TIME_LABELS[key]:<44} {value:9.4f}  {value / est.step_time:6.1%}")
@@ -62,6 +66,23 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
         )
     lines += [f"warning: {w}" for w in est.warnings]
     return "\n".join(lines)
+
+
+def moe_lines(est: Estimate) -> list[str]:
+    """MoE flavors: the routed experts' share of the rank's state, active vs total parameters, the load assumed."""
+    lay, args = est.layout, layout_args(est.layout)
+    if not args.is_moe:
+        return []
+    numel = routed_rank_numel(args, lay, est.memory.rank)
+    counts = param_counts(args)
+    held = f"{args.n_routed_experts // lay.ep} of {args.n_routed_experts} experts per layer"
+    split = f"1/{lay.efsdp} of each" if lay.ep > 1 else f"1/{lay.fsdp_size} of the experts' rows"
+    load = f"busiest EP rank at {MAX_LOAD} x the mean tokens" if lay.ep > 1 else "no EP: every rank runs its own tokens"
+    return [
+        f"  of which routed experts      {numel * sum(STATE_BYTES.values()) / GIB:8.2f}   ({numel:,} parameters: "
+        f"{held}, {split}; weights + grads + Adam)",
+        f"  MoE: {counts.active:,} active of {counts.total:,} parameters (compute and MFU count the active); {load}",
+    ]
 
 
 def memory_verdict(est: Estimate, iv: Interval) -> str:
@@ -171,6 +192,9 @@ def format_search(result: SearchResult, hw: HardwareProfile) -> str:
     lines += [f"not searched: {feature}: {reason}" for feature, reason in result.excluded]
     lines += ["", "why this TP degree (best fitting layout per TP degree):"]
     lines += [f"  TP {e.layout.tp}: {e.tps_per_device:,.1f} tok/s ({why(best, e)})" for e in _sorted(result, "tp")]
+    if layout_args(lay).is_moe:
+        lines += ["", "why this EP degree (best fitting layout per expert-parallel degree):"]
+        lines += [f"  EP {e.layout.ep}: {e.tps_per_device:,.1f} tok/s ({why(best, e)})" for e in _sorted(result, "ep")]
     lines += ["", "why this pipeline schedule (best fitting layout per schedule):"]
     for e in _sorted(result, "schedule"):
         name = e.layout.schedule if e.layout.pp > 1 else "no pipeline"
@@ -200,6 +224,8 @@ def search_json(result: SearchResult, hw: HardwareProfile) -> dict[str, Any]:
     out["layouts_tried"], out["layouts_fitting"] = result.tried, len(result.ranked)
     out["best_per_tp"] = [_brief(e) for e in _sorted(result, "tp")]
     out["best_per_schedule"] = [_brief(e) for e in _sorted(result, "schedule")]
+    if layout_args(result.best.layout).is_moe:
+        out["best_per_ep"] = [_brief(e) for e in _sorted(result, "ep")]
     return out
 
 
