@@ -1,5 +1,5 @@
-"""The optimizer's implementation choice: auto picks foreach on CUDA and the per-tensor loop on a CPU, and every
-choice takes the same steps (the same parameters after a few updates, to float32 rounding)."""
+"""The optimizer's implementation choice: auto is foreach, and every choice takes the same steps (the same
+parameters after a few updates, to float32 rounding)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from meshforge.config.schema import Optimizer
 from meshforge.train.optim import build_optimizer, implementation
 
 
-def test_auto_is_foreach_on_cuda_and_the_loop_on_a_cpu() -> None:
-    assert implementation("auto", "cpu") == {"foreach": False, "fused": False}
-    assert implementation("auto", "cuda") == {"foreach": True, "fused": False}
-    assert implementation("fused", "cpu") == {"foreach": False, "fused": True}
+def test_auto_is_foreach_and_each_name_sets_its_flag() -> None:
+    assert implementation("auto") == {"foreach": True, "fused": False}
+    assert implementation("for-loop") == {"foreach": False, "fused": False}
+    assert implementation("auto") == {"foreach": True, "fused": False}
+    assert implementation("fused") == {"foreach": False, "fused": True}
 
 
 def trained(how: str) -> list[torch.Tensor]:
