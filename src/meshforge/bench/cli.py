@@ -4,11 +4,13 @@ torchrun job, and write DIR/results.json, DIR/report.md and PNG plots. Without -
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +169,7 @@ def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> di
     reps: dict[str, list[Repetition]] = {run.name: [] for run in todo}
     start = time.perf_counter()
     warm = start_warm(matrix, out, launch, todo)
-    with LoadSampler() as load, SweepDisplay(matrix, plan) as display:
+    with LoadSampler() as load, SweepDisplay(matrix, plan) as display, closing(warm):
 
         def results() -> dict[str, Any]:
             info = {
@@ -194,8 +196,6 @@ def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> di
                         save_record(out, records[run.name])
                     write_json(out / "results.json", results())
                 display.done(run, reps[run.name][-1], index)
-        if warm is not None:
-            warm.close()
         return results()
 
 
@@ -209,6 +209,16 @@ def start_warm(matrix: BenchMatrix, out: Path, launch: Launch, todo: list[BenchR
         print(f"meshforge bench: the warm launcher could not start ({warm.ready}); using torchrun", file=sys.stderr)
         return None
     return warm
+
+
+@contextlib.contextmanager
+def closing(warm: WarmLauncher | None) -> Iterator[None]:
+    """End the warm process when the sweep ends, however it ends."""
+    try:
+        yield
+    finally:
+        if warm is not None:
+            warm.close()
 
 
 def launcher_info(warm: WarmLauncher | None) -> dict[str, Any]:

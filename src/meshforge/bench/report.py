@@ -214,9 +214,19 @@ def setup_lines(results: dict[str, Any]) -> list[str]:
     if sweep:
         lines.append(
             f"- This sweep: {sweep.get('ran', 0)} runs executed, {sweep.get('reused', 0)} reused from an earlier "
-            f"sweep; wall time {fmt(sweep.get('wall_s'))} s."
+            f"sweep; wall time {fmt(sweep.get('wall_s'))} s. {launcher_line(sweep.get('launcher') or {})}"
         )
     return lines
+
+
+def launcher_line(launcher: dict[str, Any]) -> str:
+    """How the sweep's ranks were started (bench/warm.py, or torchrun)."""
+    if launcher.get("kind") == "warm":
+        return (
+            "Ranks were forked from one warm process (torch imported once, "
+            f"{fmt(launcher.get('import_s'))} s) with the environment torchrun gives its workers (docs/bench.md)."
+        )
+    return "Every run was started by torchrun (one Python process per rank)."
 
 
 def cpu_caveats(cores: int) -> list[str]:

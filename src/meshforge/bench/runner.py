@@ -169,15 +169,20 @@ def run_env(matrix: BenchMatrix, run: BenchRun, out_dir: Path) -> dict[str, str]
 def wait(
     proc: subprocess.Popen[bytes] | WarmJob, timeout_s: int, metrics_path: Path, progress: Callable[[int], None] | None
 ) -> bool:
-    """Wait for the process group; report logged steps as they appear; kill the group at the timeout."""
+    """Wait for the process group; report logged steps as they appear; kill the group at the timeout (or when the
+    bench itself is interrupted)."""
     deadline = time.monotonic() + timeout_s
-    while proc.poll() is None:
-        if time.monotonic() > deadline:
-            stop_group(proc)
-            return True
-        if progress is not None:
-            progress(count_lines(metrics_path))
-        time.sleep(0.25)
+    try:
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                stop_group(proc)
+                return True
+            if progress is not None:
+                progress(count_lines(metrics_path))
+            time.sleep(0.25)
+    except KeyboardInterrupt:  # the job runs in its own session: Ctrl-C reaches only the bench, which ends the job
+        stop_group(proc)
+        raise
     return False
 
 
