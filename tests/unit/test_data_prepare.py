@@ -195,3 +195,43 @@ def test_prepared_mixture_from_config(tmp_path: Path, tokenizer: Tokenizer) -> N
         build_dataloader(
             Training(dataset="prepared", dataset_path=str(tmp_path)), TOKENIZER, "", dp_rank=0, dp_degree=1
         )
+
+
+def fake_hub(monkeypatch: pytest.MonkeyPatch, splits: dict[str, list[dict[str, str]]]) -> list[tuple[object, ...]]:
+    """A stand-in `datasets` module serving ``splits`` as streams (the hub itself needs the network); the calls made."""
+    import types
+
+    calls: list[tuple[object, ...]] = []
+
+    def load_dataset(repo: str, config: str | None, split: str, streaming: bool) -> list[dict[str, str]]:
+        calls.append((repo, config, split, streaming))
+        if split not in splits:
+            raise ValueError(f"Bad split: {split}")
+        return splits[split]
+
+    module = types.ModuleType("datasets")
+    module.load_dataset = load_dataset  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    return calls
+
+
+def test_hub_input_streams_train_and_validation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer: Tokenizer
+) -> None:
+    held = ["Persuasion, held out, chapter one.", "And chapter two."]
+    calls = fake_hub(monkeypatch, {"train": [{"text": t} for t in TEXTS], "validation": [{"text": t} for t in held]})
+    manifest = prepare(["hf:someone/tiny"], tmp_path / "out", PrepareOptions(tokenizer_path=TOKENIZER))
+    assert calls == [("someone/tiny", None, "train", True), ("someone/tiny", None, "validation", True)]
+    assert _decoded(PreparedSplit(tmp_path / "out"), tokenizer) == TEXTS
+    assert manifest["splits"]["val"]["documents"] == len(held)
+    budget = prepare(["hf:c4"], tmp_path / "c4", PrepareOptions(tokenizer_path=TOKENIZER, max_tokens=200))
+    assert calls[2][:3] == ("allenai/c4", "en", "train") and budget["splits"]["train"]["tokens"] < 400
+
+
+def test_hub_input_mistakes_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_hub(monkeypatch, {"train": [{"body": "no text field"}]})
+    with pytest.raises(ValueError, match="no 'text' field: set --text-field"):
+        prepare(["hf:someone/tiny"], tmp_path / "a", PrepareOptions(tokenizer_path=TOKENIZER))
+    fake_hub(monkeypatch, {})
+    with pytest.raises(ValueError, match="could not open hub dataset 'someone/none' split 'train'"):
+        prepare(["hf:someone/none"], tmp_path / "b", PrepareOptions(tokenizer_path=TOKENIZER))

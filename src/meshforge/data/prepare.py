@@ -138,18 +138,21 @@ def prepare(inputs: list[str], out: Path, options: PrepareOptions, *, progress: 
     tokenizer = build_tokenizer(options.tokenizer_path)
     dtype = shards.token_dtype(tokenizer.vocab_size)
     writers = {split: shards.ShardWriter(out, split, dtype, options.shard_tokens) for split in shards.SPLITS}
-    counts = {"documents": 0, "characters": 0, "tokens": 0}
+    counts = {"documents": 0, "characters": 0, "tokens": 0, "train_tokens": 0}
     start = time.perf_counter()
     with ProgressLine(progress) as update:
         groups = batches(iter_documents(inputs, options.text_field), options)
         for flat, lengths, flags, chars in encoded_batches(groups, tokenizer, options, dtype):
             for document, is_val in zip(np.split(flat, np.cumsum(lengths)[:-1]), flags, strict=True):
                 writers["val" if is_val else "train"].add(document)
-            counts["documents"] += len(lengths)
+                counts["documents"] += 1
+                counts["tokens"] += len(document)
+                counts["train_tokens"] += 0 if is_val else len(document)
+                if options.max_tokens and counts["train_tokens"] >= options.max_tokens:
+                    break  # the budget counts every training document written, the open shard's included
             counts["characters"] += chars
-            counts["tokens"] += len(flat)
             update(counts["tokens"], chars)
-            if options.max_tokens and sum(s["tokens"] for s in writers["train"].shards) >= options.max_tokens:
+            if options.max_tokens and counts["train_tokens"] >= options.max_tokens:
                 break
     manifest = _manifest(inputs, tokenizer, options, dtype, {s: w.close() for s, w in writers.items()})
     manifest["stats"] = {**counts, "seconds": round(time.perf_counter() - start, 3)}
