@@ -52,8 +52,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def hf_projection(x: torch.Tensor, w: dict[str, torch.Tensor], name: str, heads: int, hd: int) -> torch.Tensor:
+    """(batch, seq, dim) -> (batch, seq, heads, head_dim): x W^T, plus the bias when the file has one (Qwen2)."""
+    out = x @ w[f"{name}.weight"].T
+    if f"{name}.bias" in w:
+        out = out + w[f"{name}.bias"]
+    return out.view(*x.shape[:2], heads, hd)
+
+
 def hf_reference_logits(folder: Path, tokens: torch.Tensor) -> torch.Tensor:
-    """LlamaForCausalLM's forward, in float64, from an HF folder: rotate_half RoPE, explicit causal softmax."""
+    """LlamaForCausalLM's forward, in float64, from an HF folder: rotate_half RoPE, explicit causal softmax; with
+    Qwen2's q/k/v biases and Qwen3's per-head q/k RMSNorm (after the projection, before RoPE) when the file has them."""
     cfg = json.loads((folder / "config.json").read_text())
     w = {k: v.double() for k, v in load_file(folder / "model.safetensors").items()}
     heads, kv_heads, hd, eps = (
@@ -71,9 +80,13 @@ def hf_reference_logits(folder: Path, tokens: torch.Tensor) -> torch.Tensor:
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         x = rms_norm(h, w[p + "input_layernorm.weight"], eps)
-        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(batch, seq, heads, hd).transpose(1, 2)
-        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(batch, seq, kv_heads, hd).transpose(1, 2)
-        v = (x @ w[p + "self_attn.v_proj.weight"].T).view(batch, seq, kv_heads, hd).transpose(1, 2)
+        q = hf_projection(x, w, p + "self_attn.q_proj", heads, hd)
+        k = hf_projection(x, w, p + "self_attn.k_proj", kv_heads, hd)
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3: per head, over head_dim
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = hf_projection(x, w, p + "self_attn.v_proj", kv_heads, hd).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(heads // kv_heads, dim=1), v.repeat_interleave(heads // kv_heads, dim=1)
         attn = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + mask, dim=-1) @ v

@@ -5,7 +5,8 @@ feed_forward.w1/w3/w2 <-> mlp.gate_proj/up_proj/down_proj; attention_norm / ffn_
 post_attention_layernorm; norm <-> model.norm; output <-> lm_head (or the embedding when the HF model ties them).
 
 RoPE layout: meshforge (like Meta's own checkpoints) rotates interleaved pairs (2i, 2i+1) of each head; HF's Llama
-rotates (i, i + head_dim/2) (``rotate_half``). So the output rows of wq and wk are permuted per head on the way:
+rotates (i, i + head_dim/2) (``rotate_half``). So the output rows of wq and wk are permuted per head on the way (their
+biases and Qwen3's q/k norm weights too; names of those: checkpoint/hf_attention.py):
 
     meshforge -> HF:  w.view(heads, head_dim // 2, 2, dim).transpose(1, 2).reshape(heads * head_dim, dim)
     HF -> meshforge:  w.view(heads, 2, head_dim // 2, dim).transpose(1, 2).reshape(heads * head_dim, dim)
@@ -33,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from meshforge.checkpoint import store
+from meshforge.checkpoint.hf_attention import ATTENTION_NAMES, architecture_fields, rope_heads
 from meshforge.checkpoint.hf_moe import LAYER_NAMES, OPTIONAL_SUFFIX, expert_names, moe_hf_config, split_experts
 from meshforge.device.dtypes import DTYPES
 from meshforge.errors import ConfigError
@@ -52,6 +54,7 @@ _LAYER = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
+_LAYER.update(ATTENTION_NAMES)  # Qwen2's q/k/v biases, Qwen3's q/k norms (checkpoint/hf_attention.py)
 _LAYER.update(LAYER_NAMES)  # MoE layers (checkpoint/hf_moe.py)
 # Llama 3.1 long-context RoPE scaling, the constants of meshforge.model.llama.rope_frequencies
 _ROPE_SCALING = {
@@ -80,22 +83,19 @@ def full_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
-def _rope_heads(fqn: str, args: ModelArgs) -> int | None:
-    if fqn.endswith("attention.wq.weight"):
-        return args.n_heads
-    if fqn.endswith("attention.wk.weight"):
-        return args.kv_heads
-    return None
-
-
 def permute_to_hf(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Interleaved-pair rows (meshforge / Meta) -> half-split rows (HF rotate_half), per head."""
+    """Interleaved-pair rows (meshforge / Meta) -> half-split rows (HF rotate_half), per head (a 1-D bias or norm
+    weight: its entries as rows)."""
+    if w.dim() == 1:
+        return permute_to_hf(w[:, None], heads)[:, 0]
     rows, dim = w.shape
     return w.view(heads, rows // heads // 2, 2, dim).transpose(1, 2).reshape(rows, dim)
 
 
 def permute_from_hf(w: torch.Tensor, heads: int) -> torch.Tensor:
     """The inverse of `permute_to_hf`."""
+    if w.dim() == 1:
+        return permute_from_hf(w[:, None], heads)[:, 0]
     rows, dim = w.shape
     return w.view(heads, 2, rows // heads // 2, dim).transpose(1, 2).reshape(rows, dim)
 
@@ -109,17 +109,17 @@ def to_hf(state_dict: dict[str, torch.Tensor], args: ModelArgs, dtype: str = "bf
         if (experts := expert_names(fqn, args.n_routed_experts)) is not None:  # one HF matrix per expert
             out.update({k: v.to(DTYPES[dtype]).contiguous() for k, v in split_experts(experts, tensor).items()})
             continue
-        heads = _rope_heads(fqn, args)
+        heads = rope_heads(fqn, args)
         tensor = permute_to_hf(tensor, heads) if heads else tensor
         out[hf_name(fqn)] = tensor.to(DTYPES[dtype]).contiguous()
     return out
 
 
 def hf_config(args: ModelArgs, dtype: str) -> dict[str, Any]:
-    """config.json of the exported model (transformers' LlamaConfig fields; Qwen3-MoE's for MoE flavors)."""
+    """config.json of the exported model (transformers' LlamaConfig fields; Qwen2's or Qwen3's for their attention,
+    Qwen3-MoE's for MoE flavors)."""
     cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        **architecture_fields(args),
         "hidden_size": args.dim,
         "intermediate_size": args.ffn_hidden_dim,
         "num_hidden_layers": args.n_layers,
@@ -132,7 +132,6 @@ def hf_config(args: ModelArgs, dtype: str) -> dict[str, Any]:
         "rope_scaling": _rope_scaling(args) if args.use_scaled_rope else None,
         "max_position_embeddings": args.max_seq_len,
         "hidden_act": "silu",
-        "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": args.tie_embeddings,
         "torch_dtype": dtype,
@@ -259,7 +258,7 @@ def load_hf_weights(model_parts: list[nn.Module], path: Path, args: ModelArgs) -
             for name, param in part.named_parameters():
                 fqn = canonical_name(name)
                 hf = names[fqn]
-                heads = _rope_heads(fqn, args)
+                heads = rope_heads(fqn, args)
                 with torch.no_grad():
                     if isinstance(param, DTensor) and isinstance(hf, str):
                         local = read_local_shard(handles[files[hf]], hf, param, heads)
@@ -298,7 +297,7 @@ def load_hf(path: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
     out = {}
     for fqn, name in names.items():
         tensor = _read(read, name)
-        heads = _rope_heads(fqn, args)
+        heads = rope_heads(fqn, args)
         out[fqn] = permute_from_hf(tensor, heads) if heads else tensor
     if args.is_moe and args.load_balance_coeff > 0:  # the expert biases (buffers): zeros when the file has none
         for i in range(args.n_layers):

@@ -10,8 +10,8 @@ meshforge keeps each layer's routed experts as three 3-D tensors (experts, ...);
     layers.N.feed_forward.expert_bias          <-> model.layers.N.mlp.gate.e_score_correction_bias (zeros if absent)
 
 Dense layers of an MoE model keep the Llama names (mlp.gate_proj, ...). The exported config.json is a Qwen3-MoE one;
-this project's attention has no q/k norm and head_dim = dim / n_heads (docs/moe.md), so only checkpoints of a
-matching shape load in transformers.
+the qwen3_* flavors have its attention (head_dim 128, per-head q/k norms: checkpoint/hf_attention.py), the others
+(DeepSeek shapes, debugmoe) have no q/k norms, so transformers' Qwen3-MoE would not load them as is (docs/moe.md).
 """
 
 from __future__ import annotations

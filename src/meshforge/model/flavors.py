@@ -132,9 +132,9 @@ FLAVORS: dict[str, ModelArgs] = {
     "70B": ModelArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim_multiplier=1.3, multiple_of=4096),
     "405B": ModelArgs(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, ffn_dim_multiplier=1.2, multiple_of=4096),
 }
-# Mixture-of-experts shapes (model/moe.py). Attention is this project's GQA (head_dim = dim / n_heads, no q/k norm),
-# not DeepSeek's MLA nor Qwen3's head_dim 128 + q/k RMSNorm; everything else is the published config (docs/moe.md
-# and tests/unit/test_moe.py give the exact differences in parameter count).
+# Mixture-of-experts shapes (model/moe.py). DeepSeek's attention is this project's GQA (head_dim = dim / n_heads), not
+# MLA; Qwen3's is the published one (head_dim 128, per-head q/k RMSNorm). Everything else is the published config
+# (docs/moe.md and tests/unit/test_moe.py give the exact differences in parameter count).
 FLAVORS.update(
     {
         # CPU MoE: ~7.7M parameters, 8 experts, top-2, one shared expert, the first layer dense
@@ -202,6 +202,8 @@ FLAVORS.update(
             n_layers=48,
             n_heads=32,
             n_kv_heads=4,
+            explicit_head_dim=128,
+            qk_norm=True,
             vocab_size=151936,
             norm_eps=1e-6,
             rope_theta=1e6,
@@ -218,6 +220,8 @@ FLAVORS.update(
             n_layers=94,
             n_heads=64,
             n_kv_heads=4,
+            explicit_head_dim=128,
+            qk_norm=True,
             vocab_size=151936,
             norm_eps=1e-6,
             rope_theta=1e6,

@@ -1,4 +1,5 @@
-"""Llama 3 / 3.1 decoder: RMSNorm, RoPE with 3.1 frequency scaling, grouped-query attention via SDPA, SwiGLU.
+"""Llama 3 / 3.1 decoder: RMSNorm, RoPE with 3.1 frequency scaling, grouped-query attention via SDPA, SwiGLU; the
+Qwen variants' attention too (Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm and decoupled head_dim).
 
 Built on the meta device and materialised with ``to_empty`` + ``init_weights(seed)``. Initial values depend only on the
 seed and each parameter's name, never on how the model is sharded, so every parallel layout starts from the same weights
@@ -92,10 +93,13 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
-        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=args.qkv_bias)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=args.qkv_bias)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=args.qkv_bias)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        # Qwen3: one RMSNorm over head_dim shared by every head of q (and one of k), applied before RoPE
+        self.q_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
         self.sdpa = CausalSDPA()
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: DocumentMask = None) -> torch.Tensor:
@@ -104,6 +108,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:  # (batch, seq, heads, head_dim), per head
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         # grouped-query attention: k and v keep their kv heads, each shared by heads / kv_heads query heads
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -202,9 +208,12 @@ class Transformer(nn.Module):
 
 
 def initial_value(fqn: str, shape: tuple[int, ...], args: ModelArgs, seed: int, device: torch.device) -> torch.Tensor:
-    """The initial value of one parameter, by name: normal(0.02) inputs, depth-scaled outputs, ones for norms."""
+    """The initial value of one parameter, by name: normal(0.02) inputs, depth-scaled outputs, ones for norms (the
+    per-head q/k norms too), zeros for the q/k/v biases."""
     if fqn.endswith("norm.weight"):
         return torch.ones(shape, device=device)
+    if fqn.endswith(".bias"):
+        return torch.zeros(shape, device=device)
     gen_device = device if device.type == "cuda" else torch.device("cpu")
     generator = torch.Generator(device=gen_device).manual_seed(seed * 1_000_003 + zlib.crc32(fqn.encode()))
     out = torch.empty(shape, device=gen_device)
@@ -240,14 +249,7 @@ def copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
 
 
 def check_trainable(args: ModelArgs, pipeline_parallel_degree: int = 1) -> None:
-    """ConfigError naming what this decoder cannot train: Qwen2's q/k/v biases, Qwen3's q/k norms (counted by the
-    planner and the dry run, not built here yet), or tied embeddings split across pipeline stages."""
-    missing = [name for name, on in (("q/k/v biases", args.qkv_bias), ("per-head q/k RMSNorm", args.qk_norm)) if on]
-    if missing:
-        raise ConfigError(
-            f"model.hf_config: the training model does not build {' and '.join(missing)} yet; "
-            "plan or dry-run this model, or train a Llama/Mistral config"
-        )
+    """ConfigError naming what this decoder cannot train: tied embeddings split across pipeline stages."""
     if args.tie_embeddings and pipeline_parallel_degree > 1:
         raise ConfigError(
             f"model.tie_embeddings with parallelism.pipeline_parallel_degree = {pipeline_parallel_degree}: embedding "

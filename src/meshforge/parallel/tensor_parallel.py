@@ -2,7 +2,8 @@
 
 Plans are literal dicts, one for the model's root modules and one per transformer block:
 
-* attention: ``wq``/``wk``/``wv`` column-wise (each rank owns ``n_heads / tp`` heads), ``wo`` row-wise;
+* attention: ``wq``/``wk``/``wv`` column-wise (each rank owns ``n_heads / tp`` heads; q/k/v biases split with them),
+  ``wo`` row-wise; per-head q/k norms (Qwen3) replicated, acting on the local heads;
 * feed-forward: ``w1``/``w3`` column-wise, ``w2`` row-wise;
 * sequence parallel (on by default): the residual stream and the norms are split along the sequence (``Shard(1)``);
   the inputs of attention and feed-forward are all-gathered, their row-wise outputs reduce-scattered;
@@ -67,6 +68,8 @@ def apply_tp(
         plan = block_plan(sequence_parallel=sequence_parallel, float8=use_float8)
         if isinstance(getattr(block, "feed_forward", None), MoE):
             plan = moe_block_plan(plan, block.feed_forward, sequence_parallel=sequence_parallel)  # type: ignore[arg-type]
+        if getattr(block.attention, "q_norm", None) is not None:
+            plan.update(head_norm_plan())
         parallelize_module(block, tp_mesh, plan)
     if async_tp:
         enable_async_tp(tp_mesh)
@@ -158,6 +161,16 @@ def moe_block_plan(plan: dict[str, ParallelStyle], moe: MoE, *, sequence_paralle
             use_local_input=True,
         )
     return plan
+
+
+def head_norm_plan() -> dict[str, ParallelStyle]:
+    """Qwen3's per-head q/k RMSNorms: each rank normalises its own heads over head_dim (no communication); the
+    weights stay replicated. The input (batch, seq, local heads, head_dim) is marked ``Shard(2)`` (a plain tensor in,
+    a plain tensor out), so the weights' gradients are summed over the ranks' heads as the norms' under sequence
+    parallel are summed over the sequence."""
+    return {
+        f"attention.{name}": SequenceParallel(sequence_dim=2, use_local_output=True) for name in ("q_norm", "k_norm")
+    }
 
 
 class EmbeddingParallel(RowwiseParallel):

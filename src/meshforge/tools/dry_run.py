@@ -118,16 +118,6 @@ def model_args(cfg: JobConfig, notes: list[str]) -> ModelArgs:
     return model_args_for(cfg, build_tokenizer(path).vocab_size)
 
 
-def trainable_notes(args: ModelArgs, pp: int, notes: list[str]) -> None:
-    """Tied embeddings under pipeline parallel are refused as training refuses them; parts the training model does not
-    build yet (q/k/v biases, q/k norms) become a note: the parameter total counts them, the measured shards do not."""
-    check_trainable(dataclasses.replace(args, qkv_bias=False, qk_norm=False), pp)
-    try:
-        check_trainable(dataclasses.replace(args, tie_embeddings=False))
-    except ConfigError as exc:
-        notes.append(f"{exc} (the parameter total counts them; the measured shards below do not)")
-
-
 def check_features(cfg: JobConfig, dims: ParallelDims, target: str, notes: list[str]) -> None:
     """ParallelDims.validate_features for the target device; GPU-only checks become notes."""
     float8 = cfg.quantize.dense.float8
@@ -261,7 +251,7 @@ def plan(cfg: JobConfig, world_size: int) -> DryRun:
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     args = model_args(cfg, notes)
     dims.validate_model(args, cfg.training.seq_len)
-    trainable_notes(args, dims.pp, notes)
+    check_trainable(args, dims.pp)  # tied embeddings across pipeline stages are refused as training refuses them
     check_features(cfg, dims, target, notes)
     with fake_world(world_size):
         mesh = dims.build_mesh("cpu")  # meta tensors need a mesh of a type this torch can shard for
