@@ -149,3 +149,28 @@ def test_hf_export_of_a_tied_model_omits_lm_head(tmp_path: Path) -> None:
     back = load_hf(tmp_path, args)
     assert "output.weight" not in back
     assert torch.equal(back["tok_embeddings.weight"], model.tok_embeddings.weight)  # type: ignore[union-attr]
+
+
+def test_qwen3_moe_config_maps_to_the_flavor_shape() -> None:
+    from meshforge.checkpoint.hf import hf_config
+
+    args, flavor = args_from_hf(read_hf_config(str(FIXTURES / "qwen3_30b_a3b"))), get_flavor("qwen3_30B_A3B")
+    fields = ("dim", "n_layers", "n_heads", "kv_heads", "head_dim", "qk_norm", "qkv_bias", "vocab_size", "norm_eps")
+    fields += ("rope_theta", "n_routed_experts", "top_k", "moe_ffn_dim", "n_shared_experts", "first_k_dense")
+    fields += ("route_norm", "score_func", "route_scale")
+    assert {f: getattr(args, f) for f in fields} == {f: getattr(flavor, f) for f in fields}
+    assert param_counts(args).total == param_counts(flavor).total == 30_532_122_624  # the published total
+    assert args.aux_loss_coeff == 0 and args.load_balance_coeff == 0  # output_router_logits false; HF has no bias
+    # meshforge's own export of a Qwen3-MoE model (dense first layer, a shared expert, aux loss on) reads back
+    moe = replace(
+        get_flavor("debugmoe"), qk_norm=True, explicit_head_dim=64, load_balance_coeff=0.0, aux_loss_coeff=0.01
+    )
+    back = args_from_hf(hf_config(moe, "float32"))
+    assert {f: getattr(back, f) for f in (*fields, "aux_loss_coeff")} == {
+        f: getattr(moe, f) for f in (*fields, "aux_loss_coeff")
+    }
+    assert built_numel(back) == param_counts(back).total == param_counts(moe).total
+    for change, needle in (({"mlp_only_layers": [1]}, "mlp_only_layers"), ({"decoder_sparse_step": 2}, "sparse_step")):
+        data = json.loads((FIXTURES / "qwen3_30b_a3b" / "config.json").read_text()) | change
+        with pytest.raises(ConfigError, match=needle):
+            args_from_hf(data)

@@ -54,3 +54,31 @@ def test_missing_expert_is_named(tmp_path: Path) -> None:
         assert "model.layers.3.mlp.experts.5.up_proj.weight" in str(exc)
     else:
         raise AssertionError("a missing expert matrix was not reported")
+
+
+def test_qwen3_moe_attention_round_trips(tmp_path: Path) -> None:
+    """A Qwen3-MoE-shaped model (head_dim decoupled, per-head q/k norms): the norms export under HF's names, the
+    config.json reads back as the same shapes, and the weights return exactly."""
+    from dataclasses import replace
+
+    from meshforge.model.hf_config import args_from_hf, read_hf_config
+
+    args = replace(ARGS, qk_norm=True, explicit_head_dim=64, load_balance_coeff=0.0)
+    model = build_model(args)
+    model.to_empty(device="cpu")
+    model.init_weights(5)
+    with torch.no_grad():  # norms start at ones: make their entries differ so a permutation would show
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+    w = {k: v.detach().clone() for k, v in model.named_parameters()}
+    hf_interop.save_hf(w, args, tmp_path, "float32")
+    from safetensors.torch import load_file
+
+    raw = load_file(str(tmp_path / "model.safetensors"))
+    assert raw["model.layers.2.self_attn.q_norm.weight"].shape == (64,)
+    assert not torch.equal(raw["model.layers.2.self_attn.k_norm.weight"], w["layers.2.attention.k_norm.weight"])
+    back_args = args_from_hf(read_hf_config(str(tmp_path)))
+    assert back_args.qk_norm and back_args.head_dim == 64 and back_args.n_routed_experts == ARGS.n_routed_experts
+    back = hf_interop.load_hf(tmp_path, back_args)
+    assert all(torch.equal(back[k], v) for k, v in w.items())

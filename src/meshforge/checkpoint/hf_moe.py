@@ -57,6 +57,7 @@ def moe_hf_config(args: ModelArgs) -> dict[str, Any]:
         "decoder_sparse_step": 1,
         "mlp_only_layers": list(range(args.first_k_dense)),
         "router_aux_loss_coef": args.aux_loss_coeff,
+        "output_router_logits": args.aux_loss_coeff > 0,  # transformers' switch for the auxiliary loss
     }
     if args.n_shared_experts:
         out["n_shared_experts"] = args.n_shared_experts

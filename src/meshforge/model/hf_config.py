@@ -1,8 +1,9 @@
 """Model shapes from a Hugging Face ``config.json`` or a ``[model]`` section's overrides, resolved to one ModelArgs.
 
-Dense Llama-family architectures only: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v biases) and
-Qwen3ForCausalLM (per-head q/k RMSNorm, head_dim decoupled from hidden_size / heads). Read with ``json``: nothing
-downloads. ``resolve_model_args`` is the one place a job's shapes come from (training, dry run and planner).
+Llama-family architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v biases),
+Qwen3ForCausalLM (per-head q/k RMSNorm, head_dim decoupled from hidden_size / heads) and Qwen3MoeForCausalLM (Qwen3's
+attention, routed experts). Read with ``json``: nothing downloads. ``resolve_model_args`` is the one place a job's
+shapes come from (training, dry run and planner).
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from meshforge.model.flavors import ModelArgs, get_flavor
 if TYPE_CHECKING:
     from meshforge.config.schema import Model
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+)
 
 
 def read_hf_config(path: str) -> dict[str, Any]:
@@ -66,15 +73,47 @@ def args_from_hf(hf: dict[str, Any], source: str = "config.json") -> ModelArgs:
             max_seq_len=int(hf.get("max_position_embeddings", 8192)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             use_scaled_rope=False,
         )
+        if arch == "Qwen3MoeForCausalLM":
+            base = replace(base, **moe_fields(hf, base.n_layers, source))
     except KeyError as exc:
         raise ConfigError(f"model.hf_config = {source} lacks {exc.args[0]!r}; give a complete config.json") from None
     head_dim = hf.get("head_dim")
     if head_dim is not None and int(head_dim) != dim // heads:
         base = replace(base, explicit_head_dim=int(head_dim))
     return _rope_scaling(base, hf.get("rope_scaling"), source)
+
+
+def moe_fields(hf: dict[str, Any], n_layers: int, source: str) -> dict[str, Any]:
+    """The MoE ModelArgs of a Qwen3-MoE config: softmax top-k routing (renormalised with norm_topk_prob), the dense
+    layers (``mlp_only_layers``) a prefix of the stack, every other layer sparse (``decoder_sparse_step`` 1).
+
+    Load balancing starts as transformers trains: the auxiliary loss only with ``output_router_logits`` (it is then
+    meshforge's sequence-wise loss at ``router_aux_loss_coef``, not transformers' batch-wise one), no expert bias
+    (``model.moe_load_balance_coeff`` turns it on)."""
+    dense = sorted(int(i) for i in hf.get("mlp_only_layers") or [])
+    if dense != list(range(len(dense))):
+        raise ConfigError(
+            f"model.hf_config = {source}: mlp_only_layers = {dense} is not a prefix of the layers; only the first k "
+            "layers can be dense here"
+        )
+    if int(hf.get("decoder_sparse_step", 1)) != 1:
+        raise ConfigError(
+            f"model.hf_config = {source}: decoder_sparse_step = {hf['decoder_sparse_step']} is not supported; "
+            "only 1 (every layer after mlp_only_layers sparse)"
+        )
+    aux = float(hf.get("router_aux_loss_coef", 0.0)) if hf.get("output_router_logits") else 0.0
+    return {
+        "n_routed_experts": int(hf["num_experts"]),
+        "top_k": int(hf["num_experts_per_tok"]),
+        "moe_ffn_dim": int(hf["moe_intermediate_size"]),
+        "n_shared_experts": int(hf.get("n_shared_experts", 0)),
+        "route_norm": bool(hf.get("norm_topk_prob", False)),
+        "first_k_dense": min(len(dense), n_layers),
+        "aux_loss_coeff": aux,
+    }
 
 
 def _rope_scaling(args: ModelArgs, scaling: dict[str, Any] | None, source: str) -> ModelArgs:
