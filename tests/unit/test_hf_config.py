@@ -128,7 +128,7 @@ def test_dry_run_measures_the_qwen3_extras(capsys: pytest.CaptureFixture[str]) -
     assert "the measured shards below do not" not in out  # the old note: they leave the extras out
     cfg = load_config(None, ["--model.hf_config", path, *small])
     args = resolve_model_args(cfg.model, cfg.training.seq_len)
-    assert args.qk_norm and args.head_dim == 128
+    assert args.qk_norm and args.head_dim == 256 // 4  # head_dim 128 = 4096 / 32 follows the overrides
     assert 2 * plan(cfg, 2).ranks[0].param_elements == param_counts(args).total  # FSDP 2: every tensor halves
 
 
