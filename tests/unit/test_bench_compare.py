@@ -111,3 +111,33 @@ def test_agreement_of_two_sweeps(sweeps: tuple[str, str]) -> None:
     flipped = {"a": record("a", 90, 0.01, 24), "b": b}
     assert compare.order_flips({"a": a_fast, "b": b}, flipped, 0.95) == ["a|b"]
     assert "DO NOT agree" in compare.agreement({"a": a_fast, "b": b}, flipped, 0.99, 0.95)[0]  # order alone fails
+
+
+def test_a_machine_that_slowed_down_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every run 9 % slower because the host was (its probe says 9 %): the raw verdict stands, the speed line and
+    the divided-out agreement say why."""
+    names = ["a", "b", "c"]
+    old = [record(n, 100 * (i + 1), 0.01, i) for i, n in enumerate(names)]
+    new = [record(n, 88 * (i + 1), 0.01, 10 + i) for i, n in enumerate(names)]
+    speeds = ({"median": 40.0, "gflops": [40.0]}, {"median": 36.4, "gflops": [36.4]})
+    paths = []
+    for label, records, speed in (("old", old, speeds[0]), ("new", new, speeds[1])):
+        data = {"schema_version": 2, "runs": records, "sweep": {"machine_speed": speed}}
+        (tmp_path / f"{label}.json").write_text(json.dumps(data))
+        paths.append(str(tmp_path / f"{label}.json"))
+    compare.main([*paths, "--fail-above", "20%"])
+    out = capsys.readouterr().out
+    assert "Agreement: the sweeps DO NOT agree" in out
+    assert "40.0 -> 36.4 GFLOP/s (-9.0%)" in out
+    assert "With the machine's change divided out: the sweeps agree" in out
+
+
+def test_the_sweep_flags_its_own_speed_drift() -> None:
+    from meshforge.bench.machine import noise_warnings, speed_summary
+
+    steady, drifted = speed_summary([40.0, 40.4, 39.8, 40.1]), speed_summary([40.0, 40.2, 36.0, 35.5])
+    assert steady["spread"] < 0.02 and drifted["spread"] == pytest.approx(4.7 / 38, abs=1e-3)
+    machine = {"cpu_cores": 2, "load_avg_1m_before": 0.1}
+    assert noise_warnings(machine, {"machine_speed": steady}, []) == []
+    (warning,) = noise_warnings(machine, {"machine_speed": drifted}, [])
+    assert "speed moved by 12%" in warning and "35.5-40.2 GFLOP/s" in warning

@@ -139,10 +139,17 @@ def machine_lines(results: dict[str, Any]) -> list[str]:
     during = sweep.get("load_avg_1m") or {}
     load = f"{during['min']:.2f} / {during['median']:.2f} / {during['max']:.2f}" if during.get("samples") else "-"
     repeat = sweep.get("repeat", results["bench"].get("repeat", 1))
+    speed = sweep.get("machine_speed") or {}
+    probes = (
+        f" Machine speed (fp32 matmul, one thread, before each repetition round and after the last): "
+        f"{', '.join(f'{v:.1f}' for v in speed['gflops'])} GFLOP/s (spread {speed['spread']:.1%})."
+        if speed.get("gflops")
+        else ""
+    )
     return [
         f"- Machine state: clock {clock}; 1-minute load average before the sweep "
         f"{machine.get('load_avg_1m_before') or 0:.2f}, during it (min / median / max of {during.get('samples', 0)} "
-        f"samples) {load}.",
+        f"samples) {load}.{probes}",
         f"- Every run repeated {repeat} times, each repetition its own job, {sweep.get('order', 'in order')} across "
         "runs (run A, B, C, then A, B, C again), so a slow minute of the machine falls on every run.",
     ]

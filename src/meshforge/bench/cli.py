@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from meshforge.bench.machine import LoadSampler, machine_info
+from meshforge.bench.machine import LoadSampler, machine_info, speed_probe, speed_summary
 from meshforge.bench.matrix import BenchMatrix, BenchRun, load_matrix
 from meshforge.bench.record import Repetition, make_record
 from meshforge.bench.runner import (
@@ -180,10 +180,13 @@ def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> di
                 "launcher": launcher_info(warm),
                 "wall_s": round(time.perf_counter() - start, 1),
                 "load_avg_1m": load.summary(),
+                "machine_speed": speed_summary(speeds),
             }
             return build_results(matrix, [records[r.name] for r in plan.runs if r.name in records], machine, info)
 
+        speeds: list[float] = []
         for index in range(matrix.repeat):
+            speeds.append(speed_probe())
             for run in todo:
                 if index and reps[run.name][0]["status"] != "ok":
                     continue
@@ -196,6 +199,7 @@ def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> di
                         save_record(out, records[run.name])
                     write_json(out / "results.json", results())
                 display.done(run, reps[run.name][-1], index)
+        speeds.append(speed_probe())
         return results()
 
 

@@ -137,6 +137,7 @@ def main(argv: list[str]) -> int:
         if names:
             print(f"\n{label}: {', '.join(names)}")
     print("\n" + "\n".join(agreement(old, new, args.agree, args.confidence)))
+    print("\n".join(speed_lines(args.old, args.new, old, new, args.agree, args.confidence)))
     print(f"\n{len(regressions)} regression(s){': ' + ', '.join(regressions) if regressions else ''}")
     return 1 if regressions else 0
 
@@ -168,6 +169,36 @@ def agreement(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], wi
         f"runs{'; beyond: ' + ', '.join(far) if far else ''}; pairs separable in either sweep and ordered "
         f"differently by the other: {len(flips)}{flipped})"
     ]
+
+
+def machine_speed(path: str) -> float | None:
+    """The median of a sweep's machine-speed probes (bench/machine.py), None for files written before them."""
+    data = json.loads(Path(path).read_text())
+    speed = ((data.get("sweep") or {}).get("machine_speed") or {}).get("median")
+    return float(speed) if speed else None
+
+
+def speed_lines(
+    old_path: str,
+    new_path: str,
+    old: dict[str, dict[str, Any]],
+    new: dict[str, dict[str, Any]],
+    within: float,
+    level: float,
+) -> list[str]:
+    """The machine's own speed in both sweeps and, when it moved, the agreement with that change divided out (an
+    aid to reading: the verdict above, on the raw figures, is the one that counts)."""
+    before, after = machine_speed(old_path), machine_speed(new_path)
+    if before is None or after is None:
+        return []
+    ratio = after / before
+    lines = [f"Machine speed (fp32 matmul probe between repetition rounds): {before:.1f} -> {after:.1f} GFLOP/s "
+             f"({ratio - 1:+.1%})"]  # fmt: skip
+    if abs(ratio - 1) > 0.01:
+        scaled = {n: r | {"tps_per_device": r["tps_per_device"] / ratio} for n, r in new.items()}
+        lines += [line.replace("Agreement:", "With the machine's change divided out:", 1)
+                  for line in agreement(old, scaled, within, level)]  # fmt: skip
+    return lines
 
 
 def as_dict(c: Change) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -121,6 +122,33 @@ class LoadSampler:
         }
 
 
+SPEED_DRIFT = 0.05  # a sweep whose machine-speed probes differ by more than this is flagged
+
+
+def speed_probe(seconds: float = 0.3) -> float:
+    """The machine's speed now, in GFLOP/s of one thread's fp32 matmul (device/peak.py's probe). Taken before every
+    repetition round and after the last, it records what the load average cannot: a host that got slower."""
+    import torch
+
+    from meshforge.device.peak import matmul_probe
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return round(matmul_probe(torch.float32, seconds=seconds) / 1e9, 2)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def speed_summary(samples: list[float]) -> dict[str, Any]:
+    """The probes of one sweep: each value, their median and their spread ((max - min) / median)."""
+    if not samples:
+        return {}
+    median = statistics.median(samples)
+    spread = (max(samples) - min(samples)) / median if median else 0.0
+    return {"probe": "fp32 matmul, 1 thread", "gflops": samples, "median": median, "spread": round(spread, 4)}
+
+
 def noise_warnings(machine: dict[str, Any], sweep: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
     """Why this sweep's figures may not be trusted: a busy machine before or during it, or wide intervals."""
     cores = machine.get("cpu_cores") or 1
@@ -137,6 +165,13 @@ def noise_warnings(machine: dict[str, Any], sweep: dict[str, Any], records: list
         warnings.append(
             f"load average reached {during:.2f} during the sweep, above what its own ranks ({used}) and the cores "
             f"({cores}) explain"
+        )
+    speed = sweep.get("machine_speed") or {}
+    if (speed.get("spread") or 0) > SPEED_DRIFT:
+        warnings.append(
+            f"the machine's own speed moved by {speed['spread']:.0%} during the sweep (fp32 matmul probe between "
+            f"repetition rounds: {min(speed['gflops']):.1f}-{max(speed['gflops']):.1f} GFLOP/s): differences of that "
+            "size are the machine, not the strategies"
         )
     wide = [r["name"] for r in records if (r.get("tps_per_device_ci_half_width") or 0) > NOISY_HALF_WIDTH]
     if wide:
