@@ -141,7 +141,7 @@ def machine_lines(results: dict[str, Any]) -> list[str]:
     repeat = sweep.get("repeat", results["bench"].get("repeat", 1))
     speed = sweep.get("machine_speed") or {}
     probes = (
-        f" Machine speed (fp32 matmul, one thread, before each repetition round and after the last): "
+        f" Machine speed ({speed.get('probe', 'fp32 matmul')}, before each repetition round and after the last): "
         f"{', '.join(f'{v:.1f}' for v in speed['gflops'])} GFLOP/s (spread {speed['spread']:.1%})."
         if speed.get("gflops")
         else ""

@@ -192,8 +192,8 @@ def speed_lines(
     if before is None or after is None:
         return []
     ratio = after / before
-    lines = [f"Machine speed (fp32 matmul probe between repetition rounds): {before:.1f} -> {after:.1f} GFLOP/s "
-             f"({ratio - 1:+.1%})"]  # fmt: skip
+    lines = [f"Machine speed (matmul probe on all cores between repetition rounds): {before:.1f} -> {after:.1f} "
+             f"GFLOP/s ({ratio - 1:+.1%})"]  # fmt: skip
     if abs(ratio - 1) > 0.01:
         scaled = {n: r | {"tps_per_device": r["tps_per_device"] / ratio} for n, r in new.items()}
         lines += [line.replace("Agreement:", "With the machine's change divided out:", 1)

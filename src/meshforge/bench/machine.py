@@ -126,14 +126,15 @@ SPEED_DRIFT = 0.05  # a sweep whose machine-speed probes differ by more than thi
 
 
 def speed_probe(seconds: float = 0.3) -> float:
-    """The machine's speed now, in GFLOP/s of one thread's fp32 matmul (device/peak.py's probe). Taken before every
-    repetition round and after the last, it records what the load average cannot: a host that got slower."""
+    """The machine's speed now, in GFLOP/s of an fp32 matmul on all its cores (device/peak.py's probe). Taken before
+    every repetition round and after the last, it records what the load average cannot: a host that got slower. All
+    cores, not one: a virtual machine can lose part of one core to its host while a one-thread probe stays steady."""
     import torch
 
     from meshforge.device.peak import matmul_probe
 
     previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(cpu_cores())
     try:
         return round(matmul_probe(torch.float32, seconds=seconds) / 1e9, 2)
     finally:
@@ -146,7 +147,12 @@ def speed_summary(samples: list[float]) -> dict[str, Any]:
         return {}
     median = statistics.median(samples)
     spread = (max(samples) - min(samples)) / median if median else 0.0
-    return {"probe": "fp32 matmul, 1 thread", "gflops": samples, "median": median, "spread": round(spread, 4)}
+    return {
+        "probe": f"fp32 matmul, {cpu_cores()} threads",
+        "gflops": samples,
+        "median": median,
+        "spread": round(spread, 4),
+    }
 
 
 def noise_warnings(machine: dict[str, Any], sweep: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
@@ -169,7 +175,7 @@ def noise_warnings(machine: dict[str, Any], sweep: dict[str, Any], records: list
     speed = sweep.get("machine_speed") or {}
     if (speed.get("spread") or 0) > SPEED_DRIFT:
         warnings.append(
-            f"the machine's own speed moved by {speed['spread']:.0%} during the sweep (fp32 matmul probe between "
+            f"the machine's own speed moved by {speed['spread']:.0%} during the sweep (matmul probe between "
             f"repetition rounds: {min(speed['gflops']):.1f}-{max(speed['gflops']):.1f} GFLOP/s): differences of that "
             "size are the machine, not the strategies"
         )
