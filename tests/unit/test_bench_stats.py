@@ -94,6 +94,16 @@ def test_a_noisy_sweep_says_so() -> None:
     assert len(busy) == 2 and "busy before the sweep" in busy[0] and "reached 9.00" in busy[1]
     wide = [{**ok[0], "tps_per_device_ci_half_width": 0.25}]
     assert "wider than +-10%" in machine.noise_warnings(quiet, {}, wide)[0]
+    # a sweep right after another: the load average still counts the last one's ranks, the cores are idle
+    after_a_sweep = {"cpu_cores": 2, "load_avg_1m_before": 3.6, "busy_cores_before": 0.05}
+    assert machine.noise_warnings(after_a_sweep, {}, ok) == []
+    other_work = {"cpu_cores": 2, "load_avg_1m_before": 0.3, "busy_cores_before": 1.4}
+    assert "1.40 of 2 cores busy" in machine.noise_warnings(other_work, {}, ok)[0]
+
+
+def test_busy_cores_reads_proc_stat() -> None:
+    busy = machine.busy_cores(0.2)
+    assert busy is None or 0.0 <= busy <= machine.cpu_cores()
 
 
 def test_record_pools_the_steady_steps_of_every_repetition() -> None:

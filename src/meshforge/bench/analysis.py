@@ -148,11 +148,16 @@ def machine_lines(results: dict[str, Any]) -> list[str]:
     )
     return [
         f"- Machine state: clock {clock}; 1-minute load average before the sweep "
-        f"{machine.get('load_avg_1m_before') or 0:.2f}, during it (min / median / max of {during.get('samples', 0)} "
+        f"{machine.get('load_avg_1m_before') or 0:.2f}{busy_text(machine)}, during it (min / median / max of {during.get('samples', 0)} "
         f"samples) {load}.{probes}",
         f"- Every run repeated {repeat} times, each repetition its own job, {sweep.get('order', 'in order')} across "
         "runs (run A, B, C, then A, B, C again), so a slow minute of the machine falls on every run.",
     ]
+
+
+def busy_text(machine: dict[str, Any]) -> str:
+    busy = machine.get("busy_cores_before")
+    return "" if busy is None else f" (cores busy with other work just before it: {busy:.2f})"
 
 
 def prediction_lines(results: dict[str, Any]) -> list[str]:

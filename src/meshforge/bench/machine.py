@@ -81,7 +81,29 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "load_avg_1m_before": load_average(),
+        "busy_cores_before": busy_cores(),
     }
+
+
+def cpu_times() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat, None where it is unreadable."""
+    try:
+        fields = [float(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(seconds: float = 1.0) -> float | None:
+    """How many cores other processes keep busy right now (/proc/stat over ``seconds``, before any rank starts).
+    Unlike the 1-minute load average it does not still count a sweep that has just ended."""
+    first = cpu_times()
+    time.sleep(seconds)
+    second = cpu_times()
+    if first is None or second is None or second[1] <= first[1]:
+        return None
+    return round((second[0] - first[0]) / (second[1] - first[1]) * cpu_cores(), 2)
 
 
 class LoadSampler:
@@ -123,6 +145,7 @@ class LoadSampler:
 
 
 SPEED_DRIFT = 0.05  # a sweep whose machine-speed probes differ by more than this is flagged
+BUSY_CORES = 0.5  # other processes using more than half a core before the sweep make it noisy
 
 
 def speed_probe(seconds: float = 0.3) -> float:
@@ -159,11 +182,14 @@ def noise_warnings(machine: dict[str, Any], sweep: dict[str, Any], records: list
     """Why this sweep's figures may not be trusted: a busy machine before or during it, or wide intervals."""
     cores = machine.get("cpu_cores") or 1
     warnings = []
-    before = machine.get("load_avg_1m_before")
-    if before is not None and before > cores:
+    busy = machine.get("busy_cores_before")
+    before = machine.get("load_avg_1m_before") if busy is None else None  # old files: the load average alone
+    if (busy is not None and busy > BUSY_CORES) or (before is not None and before > cores):
+        what = (
+            f"{busy:.2f} of {cores} cores busy" if busy is not None else f"load average {before:.2f} on {cores} cores"
+        )
         warnings.append(
-            f"the machine was busy before the sweep started (load average {before:.2f} on {cores} cores): other "
-            "processes shared the cores the ranks ran on"
+            f"the machine was busy before the sweep started ({what}): other processes shared the cores the ranks ran on"
         )
     during = (sweep.get("load_avg_1m") or {}).get("max")
     used = max((r.get("world_size", 1) for r in records if r.get("status") == "ok"), default=1)
