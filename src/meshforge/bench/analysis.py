@@ -148,8 +148,8 @@ def machine_lines(results: dict[str, Any]) -> list[str]:
     )
     return [
         f"- Machine state: clock {clock}; 1-minute load average before the sweep "
-        f"{machine.get('load_avg_1m_before') or 0:.2f}{busy_text(machine)}, during it (min / median / max of {during.get('samples', 0)} "
-        f"samples) {load}.{probes}",
+        f"{machine.get('load_avg_1m_before') or 0:.2f}{busy_text(machine)}, during it (min / median / max of "
+        f"{during.get('samples', 0)} samples) {load}.{probes}",
         f"- Every run repeated {repeat} times, each repetition its own job, {sweep.get('order', 'in order')} across "
         "runs (run A, B, C, then A, B, C again), so a slow minute of the machine falls on every run.",
     ]
