@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Creates the virtual environment the Makefile uses: torch (>= 2.13; the local torch==2.13.0 CPU build when the system
-# Python has none), then meshforge itself, editable, with its dev tools. Idempotent: re-run after pyproject changes.
+# Creates the virtual environment the Makefile uses: torch (a system torch >= 2.11 is reused; the local torch==2.13.0
+# CPU build when the system Python has none), then meshforge itself, editable, with its dev tools. Idempotent: re-run after pyproject changes.
 set -euo pipefail
 VENV=${1:-.venv}
 PYTHON=${PYTHON:-python3}
-if "$PYTHON" -c 'import sys, torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(0 if v >= (2, 13) else 1)' 2>/dev/null; then
+if "$PYTHON" -c 'import sys, torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(0 if v >= (2, 11) else 1)' 2>/dev/null; then
   "$PYTHON" -m venv --system-site-packages "$VENV"   # reuse the system's torch (e.g. a CUDA build on a cluster)
 else
   "$PYTHON" -m venv "$VENV"

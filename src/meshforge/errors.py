@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ConfigError(ValueError):
     """A user mistake (a config value, a flag, a file the user named): the message is one line naming the key, the
     value and the fix, printed without a traceback (exit 2). Anything else raised is a bug and keeps its traceback."""
+
+
+def optional_import(module: str, feature: str, install: str) -> Any:
+    """Import an optional package where it is used: its absence is a `ConfigError` of one line naming the feature
+    that needs it and the command that installs it (stock PyTorch containers lack e.g. ``tomli_w``, ``torchao``)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:  # also the `sys.modules[name] = None` of a test that hides the package
+        raise ConfigError(f"{feature} needs the optional package {module.split('.')[0]}: {install}") from None

@@ -12,10 +12,11 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-import tomli_w
-
 from meshforge.config.schema import JobConfig
 from meshforge.errors import ConfigError as ConfigError  # re-exported: the name every room imports from here
+from meshforge.errors import optional_import
+
+TOMLI_W_INSTALL = "pip install tomli_w"
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -178,8 +179,24 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def to_toml(cfg: Any) -> str:
-    """The effective config as TOML text."""
-    return tomli_w.dumps(to_dict(cfg))
+    """The effective config as TOML text (``tomli_w``, imported here: optional)."""
+    return optional_import("tomli_w", "writing a config as TOML", TOMLI_W_INSTALL).dumps(to_dict(cfg))
+
+
+def write_run_config(cfg: Any, folder: Path) -> Path:
+    """The run's effective config into ``folder``: ``config.toml``, or ``config.json`` (one line on stderr) where
+    ``tomli_w`` is not installed, so that a stock PyTorch container trains without it."""
+    import json
+    import sys
+
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        text, path = to_toml(cfg), folder / "config.toml"
+    except ConfigError as exc:
+        text, path = json.dumps(to_dict(cfg), indent=1) + "\n", folder / "config.json"
+        print(f"meshforge: wrote {path} instead of config.toml ({exc})", file=sys.stderr)
+    path.write_text(text)
+    return path
 
 
 def check_writable(folder: Path, key: str) -> None:

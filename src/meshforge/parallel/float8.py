@@ -17,14 +17,32 @@ MFU is not reported for Float8 runs (the peak FLOP/s would be that of Float8, no
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from torch import nn
 
 from meshforge.config.schema import Float8
-from meshforge.errors import ConfigError
+from meshforge.errors import ConfigError, optional_import
 
 MIN_CAPABILITY = (8, 9)
+TORCHAO_FOR_TORCH = {(2, 11): "0.18.0", (2, 12): "0.18.0", (2, 13): "0.18.0", (2, 14): "0.18.0"}
+"""The torchao release for each torch minor (torch-free table). Source: torchao 0.17.0's and 0.18.0's
+``torchao/__init__.py`` (their wheels) load their compiled extensions only on torch >= 2.11.0, and 0.18.0 dropped the
+torch < 2.11 code paths (its release notes); 0.18.0 is the newest release on the registry; CI runs it with torch 2.13,
+docs/benchmarks/compat.md with 2.11 and 2.14.1. torch 2.10 and older: torchao 0.16.0 (not supported here)."""
+
+
+def torchao_install(torch_version: str) -> str:
+    """The install command of the torchao that matches ``torch_version`` (e.g. ``2.11.0+cu130``)."""
+    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    pinned = TORCHAO_FOR_TORCH.get((major, minor), TORCHAO_FOR_TORCH[max(TORCHAO_FOR_TORCH)])
+    return f"pip install torchao=={pinned}"
+
+
+def torchao(module: str = "torchao.float8") -> Any:
+    """``module`` of torchao, imported where used; absent: one line naming Float8 and the matching install."""
+    return optional_import(module, "quantize.dense.float8.enable = true (Float8)", torchao_install(torch.__version__))
 
 
 def check_float8_support(cfg: Float8, device: torch.device) -> None:
@@ -63,22 +81,20 @@ def fsdp_float8_all_gather(cfg: Float8, *, fsdp: bool) -> bool:
 def precompute_float8_scales(model_parts: list[nn.Module]) -> None:
     """After an optimizer step: the next all-gathers' Float8 scales of every FSDP-sharded Float8 weight, in one
     all-reduce per model part (collective over the FSDP ranks)."""
-    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
-
+    precompute = torchao().precompute_float8_dynamic_scale_for_fsdp
     for part in model_parts:
-        precompute_float8_dynamic_scale_for_fsdp(part)
+        precompute(part)
 
 
 def apply_float8(model: nn.Module, cfg: Float8, *, fsdp: bool) -> list[str]:
     """Convert the eligible linear layers of ``model`` in place; returns the names of the converted layers."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    from torchao.float8.float8_linear import Float8Linear
-
-    config = Float8LinearConfig.from_recipe_name(cfg.recipe_name)
+    float8 = torchao()
+    float8_linear = torchao("torchao.float8.float8_linear").Float8Linear
+    config = float8.Float8LinearConfig.from_recipe_name(cfg.recipe_name)
     float8_all_gather = fsdp_float8_all_gather(cfg, fsdp=fsdp)
     config = dataclasses.replace(config, emulate=cfg.emulate, enable_fsdp_float8_all_gather=float8_all_gather)
-    convert_to_float8_training(model, module_filter_fn=float8_filter(cfg.filter_fqns), config=config)  # type: ignore[arg-type]
-    converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
+    float8.convert_to_float8_training(model, module_filter_fn=float8_filter(cfg.filter_fqns), config=config)  # type: ignore[arg-type]
+    converted = [name for name, module in model.named_modules() if isinstance(module, float8_linear)]
     if not converted:
         raise ConfigError(
             "quantize.dense.float8.enable = true but no linear layer qualifies (all are filtered by "

@@ -217,21 +217,19 @@ class ReplicateParallel(ParallelStyle):
 def _styles(float8: bool) -> tuple[Any, Any, Any]:
     """(column-wise, row-wise, prepare-input) style classes, Float8-aware when ``float8``."""
     if float8:
-        from torchao.float8.float8_tensor_parallel import (
-            Float8ColwiseParallel,
-            Float8RowwiseParallel,
-            PrepareFloat8ModuleInput,
-        )
+        from meshforge.parallel.float8 import torchao
 
-        return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+        tp = torchao("torchao.float8.float8_tensor_parallel")
+        return tp.Float8ColwiseParallel, tp.Float8RowwiseParallel, tp.PrepareFloat8ModuleInput
     return ColwiseParallel, RowwiseParallel, PrepareModuleInput
 
 
 def _all_linears_float8(block: nn.Module) -> bool:
-    from torchao.float8.float8_linear import Float8Linear
+    from meshforge.parallel.float8 import torchao
 
+    float8_linear = torchao("torchao.float8.float8_linear").Float8Linear
     linears = [m for m in block.modules() if isinstance(m, nn.Linear)]
-    return bool(linears) and all(isinstance(m, Float8Linear) for m in linears)
+    return bool(linears) and all(isinstance(m, float8_linear) for m in linears)
 
 
 def loss_parallel_context(enabled: bool) -> contextlib.AbstractContextManager[Any]:

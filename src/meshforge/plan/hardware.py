@@ -16,9 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
-from meshforge.config.io import ConfigError
+from meshforge.config.io import TOMLI_W_INSTALL, ConfigError
+from meshforge.errors import optional_import
 
 GIB = 1024**3
 
@@ -271,6 +270,7 @@ def _build(cls: type, values: dict[str, Any], where: str, base: Any | None) -> A
 def save_profile(profile: HardwareProfile, path: Path) -> None:
     """Write a profile as TOML that ``load_hardware(path)`` reads back."""
     tree = {"hardware": dataclasses.asdict(profile.spec), "efficiency": dataclasses.asdict(profile.efficiency)}
+    tomli_w = optional_import("tomli_w", f"writing the hardware profile {path}", TOMLI_W_INSTALL)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("# meshforge hardware profile (meshforge plan --hardware THIS_FILE)\n" + tomli_w.dumps(tree))
 

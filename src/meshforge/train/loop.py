@@ -18,7 +18,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from meshforge.config.io import check_writable, to_toml
+from meshforge.config.io import check_writable
+from meshforge.config.io import write_run_config as write_config_file
 from meshforge.config.schema import JobConfig
 from meshforge.data.loader import PackedDataLoader, build_dataloader
 from meshforge.data.tokenizer import build_tokenizer
@@ -309,9 +310,7 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
 
 def write_run_config(cfg: JobConfig, rank: int) -> None:
     if rank == 0:
-        folder = Path(cfg.job.dump_folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.toml").write_text(to_toml(cfg))
+        write_config_file(cfg, Path(cfg.job.dump_folder))
 
 
 @contextlib.contextmanager
