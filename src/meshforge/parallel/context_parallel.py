@@ -107,7 +107,7 @@ class _GatheredKVAttention(torch.autograd.Function):
             ranges = _prefix_ranges(chunk, size)
             blocks = [Block(k[:, :, a:b], v[:, :, a:b], causal) for a, b, causal in ranges]
             chunk_dq, dkv = attend_backward(
-                kernel, dout[:, :, rows], q[:, :, rows], blocks, out[:, :, rows], lse[:, :, rows],
+                kernel, dout[:, :, rows], q[:, :, rows], blocks, out[:, :, rows], lse[:, :, rows].contiguous(),
                 ctx.auxes[i],  # type: ignore[attr-defined]
             )  # fmt: skip
             dq.append(chunk_dq)

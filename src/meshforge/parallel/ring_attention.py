@@ -98,7 +98,7 @@ class _RingAttentionFn(torch.autograd.Function):
                 rows, cols = slice(i * size, (i + 1) * size), slice(m * size, (m + 1) * size)
                 block_dq, dk, dv = kernel.backward(
                     dout[:, :, rows], q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], out[:, :, rows],
-                    lse[:, :, rows], ctx.auxes[step, i, m], causal,  # type: ignore[attr-defined]
+                    lse[:, :, rows].contiguous(), ctx.auxes[step, i, m], causal,  # type: ignore[attr-defined]
                 )  # fmt: skip
                 dq[:, :, rows] += block_dq
                 grad[0][:, :, cols] += dk
