@@ -253,13 +253,22 @@ def test_cuda_clock_is_read_after_one_synchronise_per_interval(monkeypatch: pyte
         device=torch.device("cuda", 0),
         tensorboard=False,
     )
+    from meshforge.train.loop import should_log
+
+    cfg = load_config(None, ["--training.steps", "7", "--metrics.log_freq", "5"])
     m.start(0)
     assert events == ["sync"]  # set-up work is not the first interval's
-    for _ in range(5):  # steps: no synchronisation
+    synced_at = []
+    for step in range(1, 8):  # the metrics calls of train/loop.py's run_steps, step by step
+        before = len(events)
         m.add_tokens(100, 0.01)
-    assert events == ["sync"]
-    record = m.log(5, torch.tensor(1.0), torch.tensor(1.0), 1e-3)
-    assert events == ["sync", "sync"] and record["peak_memory_gib"] == 1.0 and record["mfu_pct"] is None
+        m.step_done(step, cfg.training.steps)
+        if should_log(step, cfg):
+            record = m.log(step, torch.tensor(1.0), torch.tensor(1.0), 1e-3)
+            assert record["peak_memory_gib"] == 1.0 and record["mfu_pct"] is None
+        if len(events) > before:
+            synced_at.append(step)
+    assert synced_at == [1, 5, 7] and events.count("sync") == 4  # one per logged interval, none on other steps
 
 
 def test_training_resolves_auto_once_and_keeps_explicit_choices(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -199,3 +199,39 @@ def test_busy_clock_idle_share() -> None:
         time.sleep(0.05)  # waiting for a neighbour
     assert 0.3 < clock.take() < 0.7
     assert clock.take() == 0.0  # reset
+
+
+class FakeCudaEvent:
+    """A CUDA timing event on a fake device clock (milliseconds); counts the host waits."""
+
+    clock_ms = 0.0
+    waits = 0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.at = -1.0
+
+    def record(self) -> None:
+        self.at = FakeCudaEvent.clock_ms
+
+    def synchronize(self) -> None:
+        FakeCudaEvent.waits += 1
+
+    def elapsed_time(self, end: FakeCudaEvent) -> float:
+        return end.at - self.at
+
+
+def test_cuda_busy_clock_never_waits_for_the_device_inside_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    syncs: list[int] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(1))
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
+    monkeypatch.setattr(FakeCudaEvent, "waits", 0)
+    clock = BusyClock(torch.device("cuda", 0))
+    for _ in range(3):  # each step: 30 ms busy of 100 ms on the device
+        with clock.step():
+            with clock.busy():
+                FakeCudaEvent.clock_ms += 30
+            FakeCudaEvent.clock_ms += 70  # waiting for a neighbour
+    assert syncs == [] and FakeCudaEvent.waits == 0  # no host synchronisation per step
+    assert clock.take() == pytest.approx(0.7)  # a log step: one wait for the last event
+    assert syncs == [] and FakeCudaEvent.waits == 1
+    assert clock.take() == 0.0

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from meshforge.device.collectives import to_collective_device
 from meshforge.model.moe import moe_layers
 
 
@@ -44,7 +45,10 @@ def balance_experts(
 
 
 def _stage_max(value: torch.Tensor, pp_mesh: DeviceMesh | None) -> float:
+    """The max over the pipeline stages, on the device the pipeline group's backend takes (a stage without MoE
+    layers holds a host zero, which NCCL refuses)."""
     if pp_mesh is not None:
-        value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=pp_mesh.get_group())
+        group = pp_mesh.get_group()
+        value = to_collective_device(value, group).clone()
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return float(value)

@@ -34,15 +34,24 @@ KINDS = {"F": simulator.FORWARD, "B": simulator.BACKWARD, "I": simulator.INPUT, 
 
 
 class BusyClock:
-    """Accumulates one rank's compute time and pipeline-step time since the last ``take``."""
+    """Accumulates one rank's compute time and pipeline-step time since the last ``take``.
+
+    On CUDA nothing waits for the device inside a step: compute sections and whole steps are bracketed by timing
+    events on the current stream, read in :meth:`take` (a log step) after one wait for the last event, so training
+    steps carry no host synchronisation (tests/unit/test_pipeline_split.py counts them)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
         self.busy_s = 0.0
         self.step_s = 0.0
-        self._events: list[tuple[Any, Any]] = []
+        self._events: list[tuple[Any, Any, bool]] = []  # (start, end, is a whole step) CUDA events since the take
         self._depth = 0
+
+    def _record(self) -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
@@ -50,36 +59,43 @@ class BusyClock:
         self._depth += 1
         outer = self._depth == 1
         start = time.perf_counter()
-        if outer and self.cuda:
-            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            events[0].record()
+        begin = self._record() if outer and self.cuda else None
         try:
             yield
         finally:
             self._depth -= 1
             if outer and self.cuda:
-                events[1].record()
-                self._events.append(events)
+                self._events.append((begin, self._record(), False))
             elif outer:
                 self.busy_s += time.perf_counter() - start
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """Time one whole pipeline step (on CUDA it ends when the device has finished its work)."""
-        if self.cuda:
-            torch.cuda.synchronize()
+        """Time one whole pipeline step (on CUDA: device time between events around it, read at ``take``)."""
         start = time.perf_counter()
+        begin = self._record() if self.cuda else None
         try:
             yield
         finally:
             if self.cuda:
-                torch.cuda.synchronize()
-                self.busy_s += sum(a.elapsed_time(b) for a, b in self._events) / 1000
-                self._events.clear()
-            self.step_s += time.perf_counter() - start
+                self._events.append((begin, self._record(), True))
+            else:
+                self.step_s += time.perf_counter() - start
+
+    def _read_events(self) -> None:
+        if self._events:
+            self._events[-1][1].synchronize()  # the one wait: every earlier event has completed too
+            for begin, end, whole in self._events:
+                seconds = begin.elapsed_time(end) / 1000
+                if whole:
+                    self.step_s += seconds
+                else:
+                    self.busy_s += seconds
+            self._events.clear()
 
     def take(self) -> float:
         """Idle share of the steps since the last call (0 when no step ran), then reset."""
+        self._read_events()
         idle = 1.0 - self.busy_s / self.step_s if self.step_s > 0 else 0.0
         self.busy_s = self.step_s = 0.0
         return max(0.0, idle)
