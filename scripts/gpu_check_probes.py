@@ -1,10 +1,11 @@
 """Multi-rank probes for scripts/gpu_check.py, run under torchrun on ONE GPU (every rank on cuda:0).
 
     torchrun --standalone --nproc_per_node 2 scripts/gpu_check_probes.py collectives --backend gloo
-    torchrun --standalone --nproc_per_node 2 scripts/gpu_check_probes.py async_tp
+    torchrun --standalone --nproc_per_node 2 scripts/gpu_check_probes.py cp_attention --seq 8192 32768
 
-Rank 0 prints one line ``RESULT {json}``; an error surfaces as a traceback and a non-zero exit (the driver records
-its last lines). ``--help`` works without a GPU (the driver's dry run checks that).
+Rank 0 prints one line ``RESULT {json}`` with ``correct`` (true only when every value matched its reference); an error
+surfaces as a traceback and a non-zero exit (the driver records its last lines). The backend of ``cp_attention`` is
+``$MESHFORGE_CUDA_BACKEND`` (default nccl), as for meshforge train. ``set_up`` is what the driver's dry run checks.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+CP_TOLERANCE = 2e-2
+"""Relative L2 error allowed between a CP core and dense causal SDPA, both bf16 (bf16 rounding: ~4e-3)."""
+HEADS, KV_HEADS, HEAD_DIM = 16, 4, 128
 
 
 def init(backend: str) -> tuple[int, int, Any]:
@@ -25,7 +29,7 @@ def init(backend: str) -> tuple[int, int, Any]:
     import torch.distributed as dist
 
     torch.cuda.set_device(0)  # one GPU: every rank shares it
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60), device_id=None)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
     return dist.get_rank(), dist.get_world_size(), torch.device("cuda", 0)
 
 
@@ -38,18 +42,13 @@ def collectives(backend: str) -> dict[str, Any]:
     out: dict[str, Any] = {"backend": backend, "world_size": world}
     if backend == "nccl":
         out["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-    checks = {
-        "all_reduce": lambda: _all_reduce(rank, world, device),
-        "all_gather_into_tensor": lambda: _all_gather(rank, world, device),
-        "reduce_scatter_tensor": lambda: _reduce_scatter(rank, world, device),
-        "broadcast": lambda: _broadcast(rank, device),
-        "all_to_all_single": lambda: _all_to_all(rank, world, device),
-    }
-    for name, check in checks.items():
+    ops: dict[str, Any] = {}
+    for name, check in COLLECTIVES.items():
         try:
-            out[name] = "ok" if check() else "WRONG VALUES"
+            ops[name] = "ok" if check(rank, world, device) else "WRONG VALUES"
         except Exception as exc:  # record and go on: which collectives this backend has on CUDA is the finding
-            out[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            ops[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    out["ops"], out["correct"] = ops, all(v == "ok" for v in ops.values())
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -82,7 +81,7 @@ def _reduce_scatter(rank: int, world: int, device: Any) -> bool:
     return bool((out == world).all())
 
 
-def _broadcast(rank: int, device: Any) -> bool:
+def _broadcast(rank: int, world: int, device: Any) -> bool:
     import torch
     import torch.distributed as dist
 
@@ -101,48 +100,84 @@ def _all_to_all(rank: int, world: int, device: Any) -> bool:
     return bool(torch.equal(out.cpu(), torch.arange(world).float()))
 
 
-def async_tp() -> dict[str, Any]:
-    """meshforge's TP + sequence parallel with async TP on a small model, compiled; which fused symmetric-memory ops
-    the generated code holds (inductor's micro-pipeline pass), forward and backward."""
+def _send_recv(rank: int, world: int, device: Any) -> bool:
+    """The ring's neighbour exchange (parallel/ring_attention.py)."""
     import torch
     import torch.distributed as dist
-    from torch._inductor.utils import run_and_get_code
+
+    recv = torch.empty(16, device=device)
+    ops = [
+        dist.P2POp(dist.isend, torch.full((16,), float(rank), device=device), (rank + 1) % world),
+        dist.P2POp(dist.irecv, recv, (rank - 1) % world),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return bool((recv == float((rank - 1) % world)).all())
+
+
+COLLECTIVES = {
+    "all_reduce": _all_reduce,
+    "all_gather_into_tensor": _all_gather,
+    "reduce_scatter_tensor": _reduce_scatter,
+    "broadcast": _broadcast,
+    "all_to_all_single": _all_to_all,
+    "batch_isend_irecv": _send_recv,
+}
+
+
+def rel_error(got: Any, want: Any) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12))
+
+
+def cp_case(impl: str, seq: int, mesh: Any, rank: int, cp: int) -> dict[str, float]:
+    """One CP core at one length vs dense causal SDPA on the same GPU (bf16): relative errors of out, dq, dk, dv."""
+    import torch
+    import torch.nn.functional as F
+
+    from meshforge.parallel.context_parallel import AllGatherKVAttention, load_balanced_positions
+    from meshforge.parallel.ring_attention import RingAttention
+
+    gen = torch.Generator(device="cuda").manual_seed(seq)
+    shapes = [(1, HEADS, seq, HEAD_DIM), (1, KV_HEADS, seq, HEAD_DIM), (1, KV_HEADS, seq, HEAD_DIM)]
+    q, k, v = (torch.randn(s, device="cuda", generator=gen, dtype=torch.bfloat16) for s in shapes)
+    dout = torch.randn(shapes[0], device="cuda", generator=gen, dtype=torch.bfloat16)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    groups = HEADS // KV_HEADS
+    dense_kv = [t.repeat_interleave(groups, dim=1) for t in full[1:]]
+    want = F.scaled_dot_product_attention(full[0], *dense_kv, is_causal=True)
+    want.backward(dout)
+    pos = load_balanced_positions(seq, cp, rank, torch.device("cuda"))
+    local = [t[:, :, pos].detach().clone().requires_grad_() for t in (q, k, v)]
+    core = AllGatherKVAttention(mesh) if impl == "allgather" else RingAttention(mesh)
+    out = core(*local)
+    out.backward(dout[:, :, pos])
+    errors = {"out": rel_error(out, want.detach()[:, :, pos])}
+    for name, mine, ref in zip(("dq", "dk", "dv"), local, full, strict=True):
+        errors[name] = rel_error(mine.grad, ref.grad[:, :, pos])  # type: ignore[index]
+    return {key: round(value, 5) for key, value in errors.items()}
+
+
+def cp_attention(seqs: list[int]) -> dict[str, Any]:
+    """Both CP cores at each length, forward and backward, on cp = world size ranks of one GPU."""
+    import torch
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from meshforge.config.schema import Compile
-    from meshforge.model.flavors import ModelArgs
-    from meshforge.model.llama import build_model
-    from meshforge.parallel.parallelize import apply_compile
-    from meshforge.parallel.tensor_parallel import apply_tp
-
-    _, world, device = init("nccl")
-    mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("tp",))
-    args = ModelArgs(dim=2048, n_layers=2, n_heads=16, n_kv_heads=8, vocab_size=8192, max_seq_len=2048)
-    with torch.device("meta"):
-        model = build_model(args)
-    apply_tp(model, mesh, sequence_parallel=True, loss_parallel=False, float8=False, async_tp=True)
-    apply_compile(model, Compile(enable=True))
-    model.to_empty(device=device)
-    model.init_weights(0)
-    tokens = torch.randint(0, args.vocab_size, (2, 2048), device=device)
-
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(tokens)
-        logits.float().square().mean().backward()
-
-    _, codes = run_and_get_code(step)
-    text = "\n".join(codes)
-    out = {
-        "world_size": world,
-        "generated_modules": len(codes),
-        "fused_all_gather_matmul": text.count("fused_all_gather_matmul"),
-        "fused_matmul_reduce_scatter": text.count("fused_matmul_reduce_scatter"),
-        "plain_all_gather_into_tensor": text.count("all_gather_into_tensor"),
-        "plain_reduce_scatter_tensor": text.count("reduce_scatter_tensor"),
-    }
-    out["fused_ops_present"] = out["fused_all_gather_matmul"] > 0 and out["fused_matmul_reduce_scatter"] > 0
-    dist.barrier()
+    backend = os.environ.get("MESHFORGE_CUDA_BACKEND", "nccl")
+    rank, cp, _ = init(backend)
+    mesh = init_device_mesh("cuda", (cp,), mesh_dim_names=("cp",))
+    out: dict[str, Any] = {"backend": backend, "cp": cp, "tolerance": CP_TOLERANCE}
+    worst = 0.0
+    for seq in seqs:
+        for impl in ("allgather", "ring"):
+            errors = cp_case(impl, seq, mesh, rank, cp)
+            out[f"{impl}_seq{seq}"] = errors
+            worst = max(worst, *errors.values())
+            torch.cuda.empty_cache()
+    verdicts = [torch.tensor(float(worst), device="cuda")]
+    dist.all_reduce(verdicts[0], op=dist.ReduceOp.MAX)  # the worst rank decides
+    out["max_rel_error"], out["correct"] = float(verdicts[0]), float(verdicts[0]) <= CP_TOLERANCE
+    out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     dist.destroy_process_group()
     return out
 
@@ -152,13 +187,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="probe", required=True)
     coll = sub.add_parser("collectives", help="every collective on CUDA tensors with one backend")
     coll.add_argument("--backend", choices=("nccl", "gloo"), required=True)
-    sub.add_parser("async_tp", help="fused async-TP ops in meshforge's compiled TP + SP blocks")
+    cp = sub.add_parser("cp_attention", help="CP all-gather and ring, fwd + bwd, vs dense causal SDPA (bf16)")
+    cp.add_argument("--seq", type=int, nargs="+", required=True)
     return parser
+
+
+def set_up(args: argparse.Namespace, cp: int = 2) -> None:
+    """What a probe needs before its GPU work, checked without a GPU (the driver's dry run): imports and shapes."""
+    import torch.distributed as dist
+
+    assert dist.is_available(), "torch.distributed is missing"
+    if args.probe == "cp_attention":
+        from meshforge.parallel.context_parallel import AllGatherKVAttention, load_balanced_positions
+        from meshforge.parallel.ring_attention import RingAttention
+
+        assert AllGatherKVAttention and RingAttention
+        for seq in args.seq:
+            assert seq % (2 * cp) == 0, f"--seq {seq} must split into {2 * cp} chunks"
+            assert len(load_balanced_positions(seq, cp, cp - 1)) == seq // cp
+    else:
+        import torch
+
+        cuda_build = torch.version.cuda is not None  # a CPU-only build has no NCCL: nothing to check there
+        assert not cuda_build or dist.is_backend_available(args.backend), f"backend {args.backend} missing"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result = collectives(args.backend) if args.probe == "collectives" else async_tp()
+    result = collectives(args.backend) if args.probe == "collectives" else cp_attention(args.seq)
     if int(os.environ.get("RANK", "0")) == 0:
         print("RESULT " + json.dumps(result), flush=True)
     return 0

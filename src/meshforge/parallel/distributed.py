@@ -42,7 +42,8 @@ def init_distributed(requested_device: str, init_timeout_s: int) -> DistContext:
     device = pick_device(requested_device, local_rank)
     if world_size == 1:
         return DistContext(0, 1, 0, device, None)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    # MESHFORGE_CUDA_BACKEND=gloo: CUDA tensors over gloo, where NCCL refuses (several ranks on one GPU: the GPU check)
+    backend = os.environ.get("MESHFORGE_CUDA_BACKEND", "nccl") if device.type == "cuda" else "gloo"
     if device.type == "cpu":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group(
