@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean test-compat test-fake-cuda
 venv: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -19,6 +19,15 @@ lint: $(VENV)/.ready
 
 test: lint
 	$(PY) -m pytest -q --durations=15
+
+# torch compatibility (docs/benchmarks/compat.md): its own venv .venv-torch-$(TORCH), parity subset + smoke vs 2.13
+TORCH ?= 2.11.0
+test-compat:
+	bash scripts/compat_run.sh $(TORCH)
+
+# the fake-CUDA check (scripts/fake_cuda_check.py) in its own venv (.venv-fake-cuda, torch 2.14.1+cu130)
+test-fake-cuda: $(VENV)/.ready
+	PYTEST_PYTHON=$(PY) bash scripts/fake_cuda_venv.sh
 
 clean:
 	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache
