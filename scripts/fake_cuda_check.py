@@ -101,7 +101,8 @@ def cuda_stubs() -> Iterator[None]:
         "get_device_capability": lambda *a: (9, 0), "max_memory_reserved": lambda *a, **k: 0,
         "max_memory_allocated": lambda *a, **k: 0, "reset_peak_memory_stats": lambda *a, **k: None,
         "Event": FakeCudaEvent, "current_stream": lambda *a: mock.MagicMock(), "Stream": mock.MagicMock,
-        "stream": lambda *a, **k: contextlib.nullcontext(), "get_rng_state": lambda *a: torch.zeros(16, dtype=torch.uint8),
+        "stream": lambda *a, **k: contextlib.nullcontext(),
+        "get_rng_state": lambda *a: torch.zeros(16, dtype=torch.uint8),
     }  # fmt: skip
     with contextlib.ExitStack() as stack:
         # the fake backend says it takes cpu and cuda; as NCCL it takes cuda only (collectives pick devices by it)
@@ -163,9 +164,14 @@ def check_layout(name: str, world: int, overrides: list[str], folder: Path) -> d
     guard, reached = CollectiveGuard(), "start"
     result: dict[str, Any] = {"layout": name, "world": world}
     try:
-        with cuda_stubs(), mock.patch.object(loop, "init_distributed", lambda *a: ctx), real_tensors_for(loop):
-            with FakeTensorMode(allow_non_fake_inputs=True), guard:
-                reached = run_phases(loop, cfg, guard)
+        with (
+            cuda_stubs(),
+            mock.patch.object(loop, "init_distributed", lambda *a: ctx),
+            real_tensors_for(loop),
+            FakeTensorMode(allow_non_fake_inputs=True),
+            guard,
+        ):
+            reached = run_phases(loop, cfg, guard)
     except Exception as exc:
         result["stopped"] = f"{guard.phase}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         result["where"] = [line.strip() for line in traceback.format_exc().splitlines() if "meshforge" in line][-3:]
