@@ -30,6 +30,13 @@ from meshforge.parallel.ring_attention import RingAttention
 IMPLS = ("allgather", "ring")
 
 
+def all_gather_autograd(tensor: torch.Tensor, gather_dim: int, group: DeviceMesh) -> torch.Tensor:
+    """All-gather with a backward (reduce-scatter of the gradient): ``all_gather_single_autograd`` where torch has it
+    (2.12+), else its predecessor ``all_gather_tensor_autograd`` (torch 2.11), probed, not pinned."""
+    gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+    return gather(tensor, gather_dim=gather_dim, group=group)  # type: ignore[no-any-return]
+
+
 def resolve_cp_impl(impl: str, device_type: str) -> str:
     """``auto`` -> ``allgather`` on every device (fewer, larger collectives; both are parity-tested on CPU).
 
@@ -127,8 +134,8 @@ class AllGatherKVAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (batch, heads, local_seq, head_dim); k, v: (batch, kv_heads, local_seq, head_dim), gathered in rank order
-        k_all = funcol.all_gather_single_autograd(k.contiguous(), gather_dim=2, group=self.cp_mesh)
-        v_all = funcol.all_gather_single_autograd(v.contiguous(), gather_dim=2, group=self.cp_mesh)
+        k_all = all_gather_autograd(k.contiguous(), gather_dim=2, group=self.cp_mesh)
+        v_all = all_gather_autograd(v.contiguous(), gather_dim=2, group=self.cp_mesh)
         order = global_chunk_order(self.cp_size)
         k_seq = k_all.unflatten(2, (2 * self.cp_size, -1))[:, :, order].flatten(2, 3)  # global order
         v_seq = v_all.unflatten(2, (2 * self.cp_size, -1))[:, :, order].flatten(2, 3)
