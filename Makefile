@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean plan-loo
 venv: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -19,6 +19,10 @@ lint: $(VENV)/.ready
 
 test: lint
 	$(PY) -m pytest -q --durations=15
+
+# The planner's leave-one-out folds (after a change to plan/ physics or the published rows; minutes, all cores).
+plan-loo: $(VENV)/.ready
+	$(PY) -m meshforge.plan.folds
 
 clean:
 	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache
