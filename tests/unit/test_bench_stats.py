@@ -27,16 +27,21 @@ def test_interval_is_seeded_and_holds_the_median() -> None:
     assert wide.half_width > 2 * a.half_width
 
 
-def test_interval_covers_the_true_median_about_as_often_as_it_says() -> None:
-    """95 % intervals from 3 x 4 normal steps hold the true median in most of 60 independent sweeps (a broken
-    bootstrap, e.g. one that ignores the spread between repetitions, covers far less)."""
-    hits = 0
-    for seed in range(60):
-        rng = np.random.default_rng(100 + seed)
-        offsets = rng.normal(0, 0.03, size=3)  # repetition-to-repetition shifts: correlated steps within a process
-        data = [list(100 * (1 + o + 0.02 * rng.standard_normal(4))) for o in offsets]
-        hits += stats.median_ci(data).excludes(100.0) is False
-    assert hits >= 45, hits
+def _sweep(rng: np.random.Generator, reps: int = 3, steps: int = 4) -> list[list[float]]:
+    """One run as the issue simulates it: a 3 % shift per repetition (its process), 2 % noise per step."""
+    return [list(100 * (1 + o + 0.02 * rng.standard_normal(steps))) for o in rng.normal(0, 0.03, size=reps)]
+
+
+def test_interval_holds_its_level_at_three_repetitions() -> None:
+    """Simulated (seeded, 2000 sweeps of 3 repetitions x 4 steps, between-repetition noise 3 %, within 2 %): the
+    95 % interval covers the true median >= 93 % of the time, and two identical runs are separable <= 6 % of the
+    time. (The two-level bootstrap it replaced: 80-87 % coverage and 14 % false separations.)"""
+    rng = np.random.default_rng(2026)
+    n = 2000
+    covered = sum(not stats.median_ci(_sweep(rng)).excludes(100.0) for _ in range(n))
+    separated = sum(stats.ratio_ci(_sweep(rng), _sweep(rng)).excludes(1.0) for _ in range(n))
+    assert covered / n >= 0.93, covered / n
+    assert separated / n <= 0.06, separated / n
 
 
 def test_ratio_separates_a_real_difference_and_not_noise() -> None:

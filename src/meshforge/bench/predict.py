@@ -20,17 +20,21 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.bench.machine import cpu_cores
-from meshforge.plan import calibrate
+from meshforge.plan import calibrate, folds
 from meshforge.plan.estimate import estimate
 from meshforge.plan.hardware import HardwareProfile, load_hardware
 
+PREDICT_SOURCES = ("plan/calibrate.py", "plan/shipped.py", "bench/predict.py", "device/peak.py")
+"""Besides plan/folds.PREDICTION_SOURCES (every module on the planner's prediction path), what these predictions
+run: the calibration, the shipped GPU constants (a GPU preset's start), this file, and the CPU probe behind the
+``cpu`` preset's peaks."""
 MIN_TRAINING_RUNS = 2
 """Fewer other runs than this and the fit is not attempted (a run's prediction is then left empty)."""
 
 
 def fit_profile(observations: list[calibrate.Observation], hw: HardwareProfile) -> HardwareProfile:
     """The planner's calibration, called through one function so a new fitting method drops in unchanged."""
-    return calibrate.fit(observations, hw)
+    return calibrate.fit(observations, hw, spread=False)
 
 
 def observations(records: list[dict[str, Any]]) -> list[calibrate.Observation]:
@@ -81,7 +85,7 @@ def cache_key(records: list[dict[str, Any]], hardware: str) -> str:
     keys = ("name", "status", "layout", "flags", "flavor", "seq_len", "local_batch_size", "tps_per_device",
             "peak_memory_gib", "threads_per_rank")  # fmt: skip
     text = json.dumps([[r.get(k) for k in keys] for r in records], sort_keys=True, default=str)
-    code = Path(calibrate.__file__).read_bytes() + Path(__file__).read_bytes()
+    code = folds.source_digest(PREDICT_SOURCES).encode()
     return hashlib.sha256(text.encode() + hardware.encode() + code).hexdigest()[:16]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import get_flavor
 from meshforge.plan.estimate import estimate
-from meshforge.plan.fit import Fit, MemoryFit, Observation, allocated_gib, fit_memory, fit_time, refit_without
+from meshforge.plan.fit import Fit, MemoryFit, Observation, allocated_gib, fit_memory, fit_time
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, normalize_schedule, with_stages
 
@@ -89,13 +89,16 @@ def observation(record: dict[str, Any], path: Path) -> Observation:
         raise ConfigError(f"--calibrate {path}: a run has a bad value ({exc})") from None
 
 
-def fit(obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str] = TIME_CONSTANTS) -> HardwareProfile:
-    """The profile with ``names`` fitted to the runs' throughput and the memory constants to their peaks."""
-    return fit_with_statistics(obs, hw, names)[0]
+def fit(
+    obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str] = TIME_CONSTANTS, spread: bool = True
+) -> HardwareProfile:
+    """The profile with ``names`` fitted to the runs' throughput and the memory constants to their peaks (``spread``:
+    also measure its leave-one-out spread, n more fits; predictions do not depend on it)."""
+    return fit_with_statistics(obs, hw, names, spread)[0]
 
 
 def fit_with_statistics(
-    obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str] = TIME_CONSTANTS
+    obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str] = TIME_CONSTANTS, spread: bool = True
 ) -> tuple[HardwareProfile, Fit, MemoryFit | None]:
     """The profile with ``names`` fitted to the runs' throughput and the memory constants to their peaks, and the
     statistics of both fits (memory: None without a measured peak). The profile's spreads are the leave-one-out RMS
@@ -103,7 +106,9 @@ def fit_with_statistics(
     runs = [o for o in obs if not o.emulated]
     time_fit = fit_time(runs, hw, names, prior=PRIOR_WEIGHT)
     profile = time_fit.apply(hw)
-    profile = replace(profile, efficiency=replace(profile.efficiency, tps_log_sd=loo_spread(runs, hw, time_fit)))
+    if spread:
+        sd = loo_spread(runs, hw, names)
+        profile = replace(profile, efficiency=replace(profile.efficiency, tps_log_sd=sd))
     pairs = [(allocated_gib(o, profile), o.peak_memory_gib) for o in obs if o.peak_memory_gib]
     if not pairs:
         return profile, time_fit, None
@@ -113,14 +118,16 @@ def fit_with_statistics(
     return replace(profile, efficiency=replace(profile.efficiency, memory_log_sd=mem.residual_sd)), time_fit, mem
 
 
-def loo_spread(runs: Sequence[Observation], hw: HardwareProfile, full: Fit) -> float:
-    """RMS log error of each run's tokens/s predicted by the fit to the others (fit.refit_without)."""
+def loo_spread(runs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str] = TIME_CONSTANTS) -> float:
+    """RMS log error of each run's tokens/s predicted by the fit to the others: each fold the same fit as the full
+    one (from ``hw``'s constants, the same PRIOR_WEIGHT), so the spread is the error of the method that is shipped."""
     timed = [o for o in runs if o.tps_per_device]
     if len(timed) < 2:
         return hw.efficiency.tps_log_sd
     errors = []
     for i, o in enumerate(timed):
-        profile = refit_without(timed, hw, full, i).apply(hw)
+        rest = [r for j, r in enumerate(timed) if j != i]
+        profile = fit_time(rest, hw, names, prior=PRIOR_WEIGHT).apply(hw)
         errors.append(math.log(estimate(o.layout, profile).tps_per_device / o.tps_per_device) ** 2)
     return math.sqrt(sum(errors) / len(errors))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from meshforge.config.io import ConfigError, load_config
-from meshforge.plan import calibrate, published, report, validate
+from meshforge.plan import calibrate, loo_report, production, published, report, validate
 from meshforge.plan.advisor import search
 from meshforge.plan.estimate import estimate, pipeline_timeline
 from meshforge.plan.hardware import HardwareProfile, auto_param_dtype, load_hardware, preset_names, save_profile
@@ -92,24 +92,41 @@ def main(argv: list[str]) -> int:
 
 
 def run_article(opts: argparse.Namespace) -> int:
-    """Every published row (plan/published.py): leave-one-out and in-sample predictions of the fit to them."""
+    """Every published row (plan/published.py): honest leave-one-out and in-sample predictions, per family."""
     v = validate.validation()
+    stats = report.fit_statistics(v.fitted.time, v.fitted.memory, v.fitted.start)
+    held_out = production.predict_held_out()
     if opts.json:
         out = {
             "summary": validate.summary(v.loo),
             "in_sample_summary": validate.summary(v.in_sample),
-            "fit": report.fit_statistics(v.fitted.time, v.fitted.memory, load_hardware(validate.REFERENCE)),
+            "by_family": validate.by_family(v.loo),
+            "in_sample_by_family": validate.by_family(v.in_sample),
+            "method": "leave-one-out: every fold refitted from the neutral start (plan/validate.py NEUTRAL)",
+            "fit": stats,
+            "coverage": loo_report.coverage(v),
             "rows": [_article_row(loo, ins) for loo, ins in zip(v.loo, v.in_sample, strict=True)],
+            "held_out": [
+                {
+                    "key": p.row.key,
+                    "setup": p.row.name,
+                    "world_size": p.row.world_size,
+                    "tflops_per_gpu_published": p.row.tflops_per_gpu,
+                    "tflops_per_gpu_predicted": round(p.tflops_per_gpu, 1),
+                    "tflops_error": round(p.error, 4),
+                    "memory_predicted_gib": round(p.estimate.peak_memory_gib, 2),
+                    "fits": p.estimate.fits,
+                }
+                for p in held_out
+            ],
         }
         print(json.dumps(out, indent=2))
         return 0
-    print("Every published row, predicted by the constants fitted to all the others (leave-one-out):\n")
-    print(validate.format_validation(v))
-    print(
-        report.format_fit_statistics(
-            report.fit_statistics(v.fitted.time, v.fitted.memory, load_hardware(validate.REFERENCE))
-        )
-    )
+    print("Every published row, predicted by the constants fitted to all the others (honest leave-one-out):\n")
+    print(loo_report.format_validation(v))
+    print("\nThe fit to every row (from the neutral start):")
+    print(report.format_fit_statistics(stats))
+    print("\n" + production.format_held_out(held_out))
     return 0
 
 
@@ -120,9 +137,11 @@ def _article_row(loo: validate.Prediction, ins: validate.Prediction) -> dict[str
         "source": run.source,
         "setup": run.name,
         "hardware": run.hardware,
+        "family": loo.family,
         "article_table": run.article_table,
         "tps_published": run.tps,
         "tps_predicted": round(loo.estimate.tps_per_device, 1),
+        "tps_predicted_in_sample": round(ins.estimate.tps_per_device, 1),
         "tps_error": None if loo.tps_error is None else round(loo.tps_error, 4),
         "tps_error_in_sample": None if ins.tps_error is None else round(ins.tps_error, 4),
         "memory_published_gib": run.memory_gib,

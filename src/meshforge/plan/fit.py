@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -90,20 +91,43 @@ class Fit:
         return scaled(hw, self.scale)
 
 
+FAMILY = "family:"
+"""Prefix of a hardware family's speed factor (``family:a100``): a multiplier on FAMILY_SCALES of that preset only,
+so each GPU generation's efficiencies are the shared ones times a factor its own rows determine."""
+FAMILY_SCALES = ("matmul", "attention")
+"""What a family factor multiplies: the tensor-core efficiencies (how close a generation's kernels get to its
+datasheet peak; element-wise kernels are bound by memory bandwidth, which stays shared)."""
+
+
 def scaled(hw: HardwareProfile, scale: dict[str, float]) -> HardwareProfile:
-    """``hw`` with efficiency constants / numeric spec fields multiplied (the fit's bounds keep them in BOUNDS)."""
-    eff_kw, spec_kw = {}, {}
+    """``hw`` with efficiency constants / numeric spec fields multiplied (the fit's bounds keep them in BOUNDS);
+    ``family:NAME`` factors multiply FAMILY_SCALES when ``hw`` is the preset NAME and are ignored otherwise."""
+    eff_kw: dict[str, Any] = {}
+    spec_kw: dict[str, Any] = {}
     for name, s in scale.items():
+        if name.startswith(FAMILY):
+            continue
         if hasattr(hw.efficiency, name):
             eff_kw[name] = getattr(hw.efficiency, name) * s
         else:
             spec_kw[name] = getattr(hw.spec, name) * s
+    family = scale.get(FAMILY + hw.name, 1.0)
+    for name in FAMILY_SCALES if family != 1.0 else ():
+        eff_kw[name] = eff_kw.get(name, getattr(hw.efficiency, name)) * family
     return replace(hw, spec=replace(hw.spec, **spec_kw), efficiency=replace(hw.efficiency, **eff_kw))
+
+
+FAMILY_BOUNDS = (0.5, 2.0)
+"""A family factor stays within 2x of the shared efficiencies either way."""
 
 
 def _log_bounds(names: Sequence[str], hw: HardwareProfile) -> tuple[np.ndarray, np.ndarray]:
     lo, hi = [], []
     for n in names:
+        if n.startswith(FAMILY):
+            lo.append(math.log(FAMILY_BOUNDS[0]))
+            hi.append(math.log(FAMILY_BOUNDS[1]))
+            continue
         start = value(hw, n)
         b_lo, b_hi = BOUNDS.get(n, (0.0, math.inf))
         lo.append(max(-LOG_RANGE, math.log(b_lo / start)) if b_lo > 0 and start > 0 else -LOG_RANGE)
@@ -114,6 +138,8 @@ def _log_bounds(names: Sequence[str], hw: HardwareProfile) -> tuple[np.ndarray, 
 
 def check_names(names: Sequence[str], hw: HardwareProfile) -> None:
     for n in names:
+        if n.startswith(FAMILY):
+            continue
         if not hasattr(hw.efficiency, n) and not isinstance(getattr(hw.spec, n, None), float):
             raise ConfigError(f"cannot fit {n!r}: not an efficiency constant or a numeric hardware field")
 
@@ -124,15 +150,18 @@ def fit_time(
     names: Sequence[str],
     prior: float = 0.0,
     x0: Sequence[float] | None = None,
+    priors: dict[str, float] | None = None,
 ) -> Fit:
-    """Fit the named constants' multipliers to the runs' tokens/s (log error); drop what the runs cannot identify."""
+    """Fit the named constants' multipliers to the runs' tokens/s (log error); drop what the runs cannot identify.
+    ``prior`` pulls every log-multiplier toward 0 (the start) with that weight, ``priors`` single names with theirs."""
     check_names(names, hw)
     runs = [o for o in obs if o.tps_per_device and not o.emulated]
     active, dropped = list(names), list[tuple[str, str]]()
     start = dict(zip(names, x0, strict=True)) if x0 is not None else {}
     while True:
-        solution, jac, resid = _solve(runs, hw, active, prior, [start.get(n, 0.0) for n in active])
-        fitted = fit_statistics([o.name for o in runs], active, solution, jac, resid, prior)
+        weights = [prior + (priors or {}).get(n, 0.0) for n in active]
+        solution, jac, resid = _solve(runs, hw, active, weights, [start.get(n, 0.0) for n in active])
+        fitted = fit_statistics([o.name for o in runs], active, solution, jac, resid, weights)
         bad = [c for c in fitted.constants if _unidentified(c, hw)]
         if not bad or not active:
             fitted.dropped, fitted.jacobian = dropped, jac
@@ -149,17 +178,22 @@ def _unidentified(c: Constant, hw: HardwareProfile) -> bool:
 
 
 def _solve(
-    runs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str], prior: float, x0: Sequence[float]
+    runs: Sequence[Observation],
+    hw: HardwareProfile,
+    names: Sequence[str],
+    weights: Sequence[float],
+    x0: Sequence[float],
 ) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
     """The least-squares solution (name -> log-multiplier), the Jacobian and the residuals of the runs there."""
     if not names:
         return {}, np.zeros((len(runs), 0)), np.zeros(0)
     lo, hi = _log_bounds(names, hw)
+    root = np.sqrt(np.array(weights, dtype=float))
 
     def residuals(x: np.ndarray) -> np.ndarray:
         scale = {n: math.exp(v) for n, v in zip(names, x, strict=True)}
         out = [_log_error(o, hw, scale) for o in runs]
-        return np.concatenate([np.array(out), math.sqrt(prior) * x]) if prior else np.array(out)
+        return np.concatenate([np.array(out), root * x])
 
     x_start = np.clip(np.array(x0, dtype=float), lo, hi)
     result = least_squares(
@@ -175,7 +209,7 @@ def fit_statistics(
     solution: dict[str, float],
     jac: np.ndarray,
     resid: np.ndarray,
-    prior: float = 0.0,
+    prior: float | Sequence[float] = 0.0,
 ) -> Fit:
     """Standard errors (log space, delta method for the values) and determining rows from the Jacobian."""
     k = len(names)
@@ -184,7 +218,7 @@ def fit_statistics(
         return Fit([], [], np.zeros((0, 0)), [], 0.0, scale)
     dof = max(1, len(runs) - k)
     s2 = float(resid @ resid) / dof
-    info = jac.T @ jac + prior * np.eye(k)
+    info = jac.T @ jac + np.diag(np.broadcast_to(np.asarray(prior, dtype=float), (k,)))
     cov = s2 * np.linalg.pinv(info)
     constants: list[Constant] = []
     col = (jac**2).sum(axis=0)
@@ -201,30 +235,10 @@ def fit_statistics(
 
 
 def value(hw: HardwareProfile, name: str) -> float:
-    """A constant's value on ``hw`` (an efficiency field or a numeric spec field)."""
+    """A constant's value on ``hw`` (an efficiency field or a numeric spec field; a family factor: 1, its start)."""
+    if name.startswith(FAMILY):
+        return 1.0
     return float(getattr(hw.efficiency, name) if hasattr(hw.efficiency, name) else getattr(hw.spec, name))
-
-
-def refit_without(obs: Sequence[Observation], hw: HardwareProfile, full: Fit, index: int) -> Fit:
-    """The fit to ``obs`` less run ``index``, from the full fit's solution with its Jacobian (``full.jacobian``, rows
-    of the fitted runs) held fixed: every iteration evaluates the residuals exactly, only the slope is reused. The
-    constants the full fit dropped stay dropped."""
-    runs = [o for o in obs if o.tps_per_device and not o.emulated]
-    rest = [o for i, o in enumerate(runs) if i != index]
-    names = full.names
-    if not names or full.jacobian is None:
-        return full
-    lo, hi = _log_bounds(names, hw)
-    fixed = np.delete(full.jacobian, index, axis=0)
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        scale = {n: math.exp(v) for n, v in zip(names, x, strict=True)}
-        return np.array([_log_error(o, hw, scale) for o in rest])
-
-    x0 = np.clip(np.array([math.log(full.scale[n]) for n in names]), lo, hi)
-    result = least_squares(residuals, x0, jac=lambda _x: fixed, bounds=(lo, hi), method="trf", ftol=1e-4, xtol=1e-4)
-    scale = {n: math.exp(v) for n, v in zip(names, result.x, strict=True)}
-    return Fit([], full.dropped, full.covariance, names, full.residual_sd, scale)
 
 
 def _log_error(o: Observation, hw: HardwareProfile, scale: dict[str, float]) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 from meshforge.config.io import TOMLI_W_INSTALL, ConfigError
 from meshforge.errors import optional_import
+from meshforge.plan import shipped
 
 GIB = 1024**3
 
@@ -26,33 +27,34 @@ GIB = 1024**3
 class Efficiency:
     """Fractions of the datasheet figures that training reaches: few, named, each documented in docs/planner.md.
 
-    The GPU defaults are the fit to every published row (plan/published.py, by plan/validate.py; rounded);
-    tests/unit/test_plan_validate.py fails when a change to the physics is not followed by a refit."""
+    The GPU defaults are the h100-96gb family's fit to every published row (plan/shipped.py, by plan/validate.py;
+    rounded); ``family_efficiency`` gives another generation's. tests/unit/test_plan_validate.py fails when a change
+    to the physics is not followed by a refit."""
 
-    matmul: float = 0.632
+    matmul: float = shipped.REFERENCE["matmul"]
     """Large bf16 GEMMs (the linear layers), as a fraction of the derated peak."""
-    attention: float = 0.223
+    attention: float = shipped.REFERENCE["attention"]
     """Flash attention (SDPA) forward/backward, as a fraction of the derated bf16 peak (FA2 on H100: ~0.3-0.4)."""
-    float8_speedup: float = 1.558
+    float8_speedup: float = shipped.REFERENCE["float8_speedup"]
     """Realised speedup of Float8 linear layers over bf16 (casts and amax included; the hardware bound is 2)."""
-    memory_bandwidth: float = 0.755
+    memory_bandwidth: float = shipped.REFERENCE["memory_bandwidth"]
     """Element-wise kernels (norms, RoPE, SwiGLU, loss, optimizer) as a fraction of the memory bandwidth."""
-    network: float = 0.718
+    network: float = shipped.REFERENCE["network"]
     """Collective bus bandwidth as a fraction of the link bandwidth (nccl-tests on NVLink 4 / 400G RDMA: ~0.8)."""
-    async_tp_overlap: float = 0.23
+    async_tp_overlap: float = shipped.REFERENCE["async_tp_overlap"]
     """Fraction of tensor-parallel communication async TP (micro-pipelined matmuls) hides, credited only to
     implementations a measurement confirms (estimate.ASYNC_TP_CONFIRMED: TorchTitan's). The published rows do not
     identify it (log standard error > 1), so the fit holds it at this earlier value."""
-    allocator_overhead: float = 0.033
+    allocator_overhead: float = shipped.REFERENCE["allocator_overhead"]
     """Caching-allocator slack: reserved / allocated - 1 at the peak (fragmentation, per-stream pools). The published
     rows cannot tell it from a fixed overhead (estimates correlated -0.99), so it carries both."""
-    framework_gib: float = 0.0
+    framework_gib: float = shipped.REFERENCE["framework_gib"]
     """Fixed memory inside the peak reading: workspaces, compile/Float8 scratch (GPU); interpreter + libraries (CPU).
     Merged into allocator_overhead for the GPU presets (see there)."""
-    tps_log_sd: float = 0.125
+    tps_log_sd: float = shipped.REFERENCE["tps_log_sd"]
     """Spread of this profile's tokens/s predictions: RMS of log(predicted / measured) over the leave-one-out
     predictions of the rows it was fitted to (plan/validate.py); the interval is +-1 of it."""
-    memory_log_sd: float = 0.167
+    memory_log_sd: float = shipped.REFERENCE["memory_log_sd"]
     """The same spread for the peak memory."""
 
 
@@ -208,6 +210,25 @@ CPU_EFFICIENCY = Efficiency(
 )
 
 
+def family_efficiency(name: str) -> Efficiency:
+    """A GPU preset's constants: the shared ones times its family's speed factor on matmul and attention, with its
+    own leave-one-out spreads, where published rows determine them (plan/shipped.py FAMILIES); the shared ones with a
+    wider spread (the family prior added) for a generation no row measured; the shared ones for the reference."""
+    base = Efficiency()
+    if name in shipped.FAMILIES:
+        f = shipped.FAMILIES[name]
+        return replace(
+            base,
+            matmul=base.matmul * f["factor"],
+            attention=base.attention * f["factor"],
+            tps_log_sd=f["tps_log_sd"],
+            memory_log_sd=f["memory_log_sd"],
+        )
+    if name in shipped.UNSEEN_PRESETS:
+        return replace(base, **shipped.UNSEEN)
+    return base
+
+
 def preset_names() -> list[str]:
     return [*PRESETS, "cpu"]
 
@@ -217,7 +238,7 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
     if name_or_path == "cpu":
         return HardwareProfile(cpu_spec(), CPU_EFFICIENCY)
     if name_or_path in PRESETS:
-        return HardwareProfile(PRESETS[name_or_path])
+        return HardwareProfile(PRESETS[name_or_path], family_efficiency(name_or_path))
     path = Path(name_or_path)
     if name_or_path.endswith(".toml") or path.is_file():
         return read_profile(path)

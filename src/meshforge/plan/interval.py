@@ -17,20 +17,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshforge.plan import shipped
 from meshforge.plan.estimate import Estimate
 from meshforge.plan.fit import jacobian_row
 from meshforge.plan.hardware import HardwareProfile
 
-COVARIANCE_NAMES = ("matmul", "attention", "float8_speedup", "memory_bandwidth", "network")
-COVARIANCE = (
-    (0.0172, 0.0004, -0.0073, -0.0361, -0.0193),
-    (0.0004, 0.0057, -0.0018, -0.0088, -0.0018),
-    (-0.0073, -0.0018, 0.0106, 0.0137, 0.0001),
-    (-0.0361, -0.0088, 0.0137, 0.1569, 0.0221),
-    (-0.0193, -0.0018, 0.0001, 0.0221, 0.0612),
-)
-"""Covariance of the GPU constants' log-multipliers from the fit to the published rows (plan/validate.py; a test
-recomputes it). Used for GPU profiles; a calibrated CPU profile carries only its spread."""
+COVARIANCE_NAMES: tuple[str, ...] = shipped.COVARIANCE_NAMES
+COVARIANCE: tuple[tuple[float, ...], ...] = shipped.COVARIANCE
+"""Covariance of the GPU constants' log-multipliers (the shared ones and the family factors) from the fit to the
+published rows (plan/validate.py, kept in plan/shipped.py; a test recomputes it). Used for GPU profiles; a calibrated
+CPU profile carries only its spread."""
+SEPARABLE_Z = 1.0
+"""Two layouts are separable when their predicted log ratio exceeds this many standard deviations of a predicted
+ratio's error (as the intervals: one)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +82,31 @@ def interval(est: Estimate, hw: HardwareProfile) -> Interval:
     )
 
 
-def separable(a: Estimate, b: Estimate, ia: Interval) -> bool:
-    """Whether b's point estimate lies outside a's interval (a is faster than b beyond the uncertainty)."""
+def difference_log_sd(hw: HardwareProfile) -> float:
+    """Spread of a predicted ratio of two layouts on ``hw`` (log): the published rows' paired leave-one-out errors
+    (shipped.DIFF_LOG_SD) on GPU presets; off GPU (a calibrated profile) sqrt(2) x its spread (errors independent)."""
+    if hw.spec.is_gpu and shipped.DIFF_LOG_SD:
+        return shipped.DIFF_LOG_SD
+    return math.sqrt(2) * hw.efficiency.tps_log_sd
+
+
+def difference_sd(a: Estimate, b: Estimate, hw: HardwareProfile) -> float:
+    """Standard deviation of log(b / a) predicted: the paired spread plus (g_b - g_a) C (g_b - g_a)^T, the part of
+    the constants' uncertainty that does not cancel between the two."""
+    var = difference_log_sd(hw) ** 2
+    if hw.spec.is_gpu:
+        names = COVARIANCE_NAMES
+        g = jacobian_row(b.layout, hw, names) - jacobian_row(a.layout, hw, names)
+        var += float(g @ np.array(COVARIANCE) @ g)
+    return math.sqrt(var)
+
+
+def separable(a: Estimate, b: Estimate, ia: Interval | None = None, hw: HardwareProfile | None = None) -> bool:
+    """Whether b and a are told apart: with ``hw``, a test of their difference (|log(b / a)| beyond SEPARABLE_Z
+    standard deviations of a predicted ratio, difference_sd), in which the error common to both cancels; without,
+    whether b's point estimate lies outside a's interval ``ia`` (the earlier rule, for callers that pass only it)."""
+    if hw is not None:
+        return abs(math.log(b.tps_per_device / a.tps_per_device)) > SEPARABLE_Z * difference_sd(a, b, hw)
+    if ia is None:
+        raise ValueError("separable needs the hardware (a difference test) or a's interval")
     return b.tps_per_device < ia.tps_low or b.tps_per_device > ia.tps_high

@@ -10,7 +10,7 @@ from meshforge.plan.advisor import SearchResult, best_by, complexity
 from meshforge.plan.estimate import Estimate
 from meshforge.plan.fit import Fit, MemoryFit
 from meshforge.plan.hardware import GIB, HardwareProfile
-from meshforge.plan.interval import Interval, interval, separable
+from meshforge.plan.interval import Interval, difference_sd, interval, separable
 from meshforge.plan.layout import layout_args
 from meshforge.plan.memory import MAX_LOAD, STATE_BYTES, routed_rank_numel
 
@@ -130,13 +130,16 @@ def separation(result: SearchResult, hw: HardwareProfile) -> str:
     if len(result.ranked) < 2:
         return "no runner-up: the recommendation is the only fitting layout"
     best, second = result.ranked[0], result.ranked[1]
-    iv = interval(best, hw)
     gap = second.tps_per_device / best.tps_per_device - 1
-    if separable(best, second, iv):
-        return f"the runner-up is {gap:+.1%} from the recommendation, outside its interval: separable"
+    sd = difference_sd(best, second, hw)
+    if separable(best, second, hw=hw):
+        return (
+            f"the runner-up is {gap:+.1%} from the recommendation, beyond the +-{sd:.1%} a predicted ratio of two "
+            "layouts misses by: separable"
+        )
     return (
-        f"NOT SEPARABLE: the runner-up is {gap:+.1%} from the recommendation, within its interval "
-        f"({iv.tps_low:,.0f}-{iv.tps_high:,.0f}); the model cannot tell them apart, measure both"
+        f"NOT SEPARABLE: the runner-up is {gap:+.1%} from the recommendation, within the +-{sd:.1%} a predicted ratio "
+        "of two layouts misses by (leave-one-out, paired); the model cannot tell them apart, measure both"
     )
 
 
@@ -216,7 +219,7 @@ def search_json(result: SearchResult, hw: HardwareProfile) -> dict[str, Any]:
     out = result.best.to_dict() | interval(result.best, hw).as_dict()
     second = result.ranked[1] if len(result.ranked) > 1 else None
     out["runner_up"] = second.to_dict() | interval(second, hw).as_dict() if second else None
-    out["separable"] = separable(result.best, second, interval(result.best, hw)) if second else True
+    out["separable"] = separable(result.best, second, hw=hw) if second else True
     out["config_layout"] = (
         result.baseline.to_dict() | interval(result.baseline, hw).as_dict() if result.baseline else None
     )
@@ -244,8 +247,8 @@ def fit_statistics(time_fit: Fit, mem_fit: MemoryFit | None, start: HardwareProf
         "constants": [
             {
                 "name": c.name,
-                "value": fitting.value(fitted, c.name),
-                "stderr": fitting.value(fitted, c.name) * c.log_se,
+                "value": _fitted_value(fitted, c),
+                "stderr": _fitted_value(fitted, c) * c.log_se,
                 "determined_by": list(c.determined_by),
             }
             for c in time_fit.constants
@@ -263,6 +266,11 @@ def fit_statistics(time_fit: Fit, mem_fit: MemoryFit | None, start: HardwareProf
             "merged": mem_fit.merged,
         }
     return out
+
+
+def _fitted_value(fitted: HardwareProfile, c: fitting.Constant) -> float:
+    """A constant's fitted value; a family factor's is its multiplier (on the shared compute efficiencies)."""
+    return c.multiplier if c.name.startswith(fitting.FAMILY) else fitting.value(fitted, c.name)
 
 
 def format_fit_statistics(stats: dict[str, Any]) -> str:

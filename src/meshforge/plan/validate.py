@@ -1,9 +1,11 @@
-"""The planner judged on published runs it was not fitted to: leave-one-out cross-validation over plan/published.py.
+"""The planner judged on published runs it was not fitted to: an honest leave-one-out over plan/published.py.
 
-For every published row: fit the constants to all the other rows (``fit.fit_time`` for tokens/s, ``fit.fit_memory``
-for the peak), predict the row, compare. The median of those errors is the planner's accuracy (docs/planner.md);
-the in-sample error of the fit to all rows is reported beside it, labelled as such. The spread of the leave-one-out
-errors, with the fit's covariance, is what ``plan/interval.py`` puts around every prediction.
+For every published row: fit the constants to all the other rows *from the neutral start* (``NEUTRAL``: the middle
+of each constant's physical bounds, no reading of the rows), with the per-family speed factors of the GPU generations
+the other rows determine, then predict the row (``fit.fit_time`` for tokens/s, ``fit.fit_memory`` for the peak). The
+median of those errors is the planner's accuracy (docs/planner.md); the in-sample error of the fit to all rows (also
+from the neutral start) is reported beside it, labelled as such. The folds are cached with a key over everything
+they depend on (plan/folds.py), so ``meshforge plan --article`` refits only when the physics or the rows change.
 """
 
 from __future__ import annotations
@@ -12,22 +14,50 @@ import functools
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from meshforge.config.io import load_config
-from meshforge.plan import fit, interval, published
+from meshforge.plan import fit, published
 from meshforge.plan.estimate import Estimate, estimate
-from meshforge.plan.hardware import HardwareProfile, load_hardware
+from meshforge.plan.hardware import Efficiency, HardwareProfile, load_hardware
 from meshforge.plan.layout import layout_from_config
 
 IMPL = "torchtitan"
 """Every published row ran TorchTitan's code."""
 TIME_NAMES = ("matmul", "attention", "float8_speedup", "memory_bandwidth", "network", "async_tp_overlap")
-"""The throughput constants fitted to the published rows (those the rows cannot identify are dropped)."""
+"""The shared throughput constants fitted to the published rows (those the rows cannot identify are dropped)."""
 REFERENCE = "h100-96gb"
-"""The preset whose efficiency defaults are the fit's start (every GPU preset shares them)."""
+"""The family whose rows fix the shared constants (28 of the rows); every other GPU generation gets a factor."""
+NEUTRAL = Efficiency(
+    matmul=0.5,
+    attention=0.5,
+    float8_speedup=1.5,
+    memory_bandwidth=0.5,
+    network=0.5,
+    async_tp_overlap=0.5,
+    allocator_overhead=0.0,
+    framework_gib=0.0,
+)
+"""Where every fit starts: the middle of each constant's physical bounds (fractions of a datasheet in (0, 1],
+Float8's speedup in [1, 2], the share of TP communication async TP hides in [0, 1]); chosen without the rows."""
+FAMILY_PRIOR_SD = 0.25
+"""Prior spread of a GPU generation's speed factor (log): its kernels reach its datasheet within e^0.25 = 1.28x of
+the reference family's fraction. Also the extra spread of a family with no row (b200): hardware.py."""
+ROW_LOG_SD = 0.1
+"""The order of one row's log error (the leave-one-out spread), which sets the prior's weight against the rows."""
+FAMILY_PRIOR_WEIGHT = (ROW_LOG_SD / FAMILY_PRIOR_SD) ** 2
+
+
+def neutral(name: str = REFERENCE) -> HardwareProfile:
+    """The preset ``name`` carrying the neutral start."""
+    return HardwareProfile(load_hardware(name).spec, NEUTRAL)
+
+
+def family(obs: fit.Observation) -> str:
+    """The row's hardware family (its preset's name)."""
+    return obs.hardware.name if obs.hardware else REFERENCE
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,31 +78,45 @@ def _with(obs: fit.Observation, hw: HardwareProfile) -> HardwareProfile:
 
 @dataclass
 class Fitted:
-    """A profile fitted to some rows: time and memory statistics."""
+    """Constants fitted to some rows: time and memory statistics, the start they were fitted from."""
 
     time: fit.Fit
     memory: fit.MemoryFit
-    profile: HardwareProfile
-    """The reference preset with the fitted efficiency constants."""
+    start: HardwareProfile
+
+    @property
+    def profile(self) -> HardwareProfile:
+        """The reference preset with the fitted shared constants (no family factor)."""
+        return self.memory.apply(self.time.apply(self.start))
+
+    def profile_for(self, obs: fit.Observation) -> HardwareProfile:
+        """The observation's own preset with the fitted constants and its family's factor."""
+        return self.memory.apply(fit.scaled(_with(obs, self.start), self.time.scale))
 
 
-def fit_rows(obs: Sequence[fit.Observation], start: HardwareProfile) -> Fitted:
-    """Fit the throughput constants, then the memory ones, to ``obs``."""
-    time_fit = fit.fit_time([_reframe(o, start) for o in obs], start, TIME_NAMES)
-    return Fitted(time_fit, *_memory(obs, time_fit.apply(start)))
+def family_names(obs: Sequence[fit.Observation]) -> list[str]:
+    """The family factors the rows can determine: every family with a timed row but the reference."""
+    return sorted({fit.FAMILY + family(o) for o in obs if o.tps_per_device and family(o) != REFERENCE})
 
 
-def _memory(
-    obs: Sequence[fit.Observation], profile: HardwareProfile, skip: str = ""
-) -> tuple[fit.MemoryFit, HardwareProfile]:
-    pairs = [
-        (fit.allocated_gib(_reframe(o, profile), profile), o.peak_memory_gib)
-        for o in obs
-        if o.peak_memory_gib and o.name != skip
-    ]
-    eff = profile.efficiency
-    mem_fit = fit.fit_memory(pairs, eff.allocator_overhead, eff.framework_gib)
-    return mem_fit, mem_fit.apply(profile)
+def fit_rows(obs: Sequence[fit.Observation], start: HardwareProfile | None = None) -> Fitted:
+    """Fit the throughput constants (shared + family factors), then the memory ones, to ``obs`` from ``start``
+    (default: the neutral start)."""
+    start = start or neutral()
+    families = family_names(obs)
+    time_fit = fit.fit_time(
+        [_reframe(o, start) for o in obs],
+        start,
+        [*TIME_NAMES, *families],
+        priors={n: FAMILY_PRIOR_WEIGHT for n in families},
+    )
+    return Fitted(time_fit, memory_fit(obs, time_fit.apply(start)), start)
+
+
+def memory_fit(obs: Sequence[fit.Observation], profile: HardwareProfile) -> fit.MemoryFit:
+    """allocator_overhead and framework_gib fitted to the rows with a measured peak (from zero: no reading)."""
+    pairs = [(fit.allocated_gib(_reframe(o, profile), profile), o.peak_memory_gib) for o in obs if o.peak_memory_gib]
+    return fit.fit_memory(pairs, NEUTRAL.allocator_overhead, NEUTRAL.framework_gib)
 
 
 def _reframe(obs: fit.Observation, hw: HardwareProfile) -> fit.Observation:
@@ -88,6 +132,7 @@ class Prediction:
     estimate: Estimate
     tps: float | None
     memory_gib: float | None
+    family: str = REFERENCE
 
     @property
     def tps_error(self) -> float | None:
@@ -99,81 +144,65 @@ class Prediction:
 
 
 def predict(obs: fit.Observation, profile: HardwareProfile) -> Prediction:
-    est = estimate(obs.layout, _with(obs, profile))
-    return Prediction(obs.name, est, obs.tps_per_device, obs.peak_memory_gib)
+    """The row on ``profile`` (already the row's own preset with its family's constants)."""
+    est = estimate(obs.layout, profile)
+    return Prediction(obs.name, est, obs.tps_per_device, obs.peak_memory_gib, family(obs))
 
 
 def summary(preds: Sequence[Prediction]) -> dict[str, float]:
     """Median and maximum |relative error| of tokens/s and memory, and the log-error spreads (RMS)."""
     tps = [p.tps_error for p in preds if p.tps_error is not None]
     mem = [p.memory_error for p in preds if p.memory_error is not None]
+
+    def stat(values: list[float], f: object) -> float:
+        return float(f([abs(e) for e in values])) if values else 0.0  # type: ignore[operator]
+
     return {
         "tps_rows": len(tps),
         "memory_rows": len(mem),
-        "tps_median": statistics.median(abs(e) for e in tps),
-        "tps_max": max(abs(e) for e in tps),
-        "memory_median": statistics.median(abs(e) for e in mem),
-        "memory_max": max(abs(e) for e in mem),
-        "tps_log_sd": float(np.sqrt(np.mean([math.log1p(e) ** 2 for e in tps]))),
-        "memory_log_sd": float(np.sqrt(np.mean([math.log1p(e) ** 2 for e in mem]))),
+        "tps_median": stat(tps, statistics.median),
+        "tps_max": stat(tps, max),
+        "memory_median": stat(mem, statistics.median),
+        "memory_max": stat(mem, max),
+        "tps_log_sd": float(np.sqrt(np.mean([math.log1p(e) ** 2 for e in tps]))) if tps else 0.0,
+        "memory_log_sd": float(np.sqrt(np.mean([math.log1p(e) ** 2 for e in mem]))) if mem else 0.0,
     }
+
+
+def by_family(preds: Sequence[Prediction]) -> dict[str, dict[str, float]]:
+    """``summary`` per hardware family, the reference first."""
+    names = sorted({p.family for p in preds}, key=lambda n: (n != REFERENCE, n))
+    return {n: summary([p for p in preds if p.family == n]) for n in names}
 
 
 @dataclass
 class Validation:
-    """The fit to every published row, its in-sample predictions, and the leave-one-out predictions."""
+    """The fit to every published row, its in-sample predictions, and the honest leave-one-out predictions."""
 
     fitted: Fitted
     in_sample: list[Prediction]
     loo: list[Prediction]
+    folds: dict[str, Fitted]
+    """Each row's fold: the constants fitted without it, from the neutral start."""
 
 
-def validation(start: HardwareProfile | None = None) -> Validation:
-    """Fit once to every row, predict every row in-sample, then leave each one out (plan --article, the tests)."""
-    start = start or load_hardware(REFERENCE)
+def fold(obs: Sequence[fit.Observation], key: str) -> Fitted:
+    """The fit to every row but ``key``, from the neutral start (nothing of the left-out row reaches it)."""
+    return fit_rows([o for o in obs if o.name != key], neutral())
+
+
+def validation() -> Validation:
+    """The honest leave-one-out (plan --article, the tests): cached folds where their key matches, else refitted."""
+    from meshforge.plan import folds
+
     obs = observations()
-    full = fit_rows(obs, start)
-    framed = [_reframe(o, start) for o in obs]
-    timed = [o.name for o in framed if o.tps_per_device and not o.emulated]
-    loo = []
-    for o in obs:
-        time_fit = fit.refit_without(framed, start, full.time, timed.index(o.name)) if o.name in timed else full.time
-        _, profile = _memory(obs, time_fit.apply(start), skip=o.name)
-        loo.append(predict(o, profile))
-    return Validation(full, [predict(o, full.profile) for o in obs], loo)
+    full, per_row = folds.load_or_fit(obs)
+    in_sample = [predict(o, full.profile_for(o)) for o in obs]
+    loo = [predict(o, per_row[o.name].profile_for(o)) for o in obs]
+    return Validation(full, in_sample, loo, per_row)
 
 
-def row_interval(pred: Prediction, profile: HardwareProfile) -> interval.Interval:
-    """The prediction's interval on the row's own hardware with ``profile``'s constants."""
-    obs = next(o for o in observations() if o.name == pred.key)
-    return interval.interval(pred.estimate, _with(obs, profile))
-
-
-def format_validation(v: Validation) -> str:
-    """Leave-one-out (the accuracy) and in-sample errors of every published row, as Markdown, with the sources."""
-    runs = {r.key: r for r in published.RUNS}
-    lines = [
-        "| row | source | hardware | TPS/GPU published | LOO predicted | LOO error | in-sample error | "
-        "memory GiB published | LOO predicted | LOO error | in-sample error | LOO memory verdict |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for loo, ins in zip(v.loo, v.in_sample, strict=True):
-        run, e = runs[loo.key], loo.estimate
-        iv = row_interval(loo, v.fitted.profile)
-        mem = (
-            f"{run.memory_gib:.1f} | {e.peak_memory_gib:.1f} | {loo.memory_error:+.1%} | {ins.memory_error:+.1%}"
-            if loo.memory_error is not None and ins.memory_error is not None
-            else f"- | {e.peak_memory_gib:.1f} | - | -"
-        )
-        lines.append(
-            f"| {run.name} | {run.source} | {run.hardware} | {run.tps:,.0f} | {e.tps_per_device:,.0f} | "
-            f"{loo.tps_error or 0:+.1%} | {ins.tps_error or 0:+.1%} | {mem} | {iv.verdict} "
-            f"({iv.memory_low:.0f}-{iv.memory_high:.0f} of {iv.usable_gib:.0f}) |"
-        )
-    s, i = summary(v.loo), summary(v.in_sample)
-    lines.append(
-        f"\nleave-one-out median |error|: TPS {s['tps_median']:.1%} ({s['tps_rows']} rows), memory "
-        f"{s['memory_median']:.1%} ({s['memory_rows']} rows); max {s['tps_max']:.1%} / {s['memory_max']:.1%}. "
-        f"In-sample (not an accuracy): {i['tps_median']:.1%} / {i['memory_median']:.1%}."
-    )
-    return "\n".join(lines)
+def fitted_from(scale: dict[str, float], memory: fit.MemoryFit) -> Fitted:
+    """A Fitted rebuilt from stored multipliers (the cache): statistics are not stored, only what predicts."""
+    time_fit = fit.Fit([], [], np.zeros((0, 0)), list(scale), 0.0, dict(scale))
+    return Fitted(time_fit, replace(memory), neutral())
