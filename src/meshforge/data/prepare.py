@@ -2,8 +2,9 @@
 
 Memory stays bounded: documents are read one at a time, grouped into batches of at most ``BATCH_CHARS`` characters,
 at most ``2 x workers`` batches are in flight, and tokens go straight to the open shard file. The manifest is written
-last (`shards.write_manifest`), so an interrupted preparation leaves no manifest; running it again removes the
-leftovers and starts over.
+last (`shards.write_manifest`), after every shard and the folder are fsynced, so an interrupted preparation leaves
+no manifest; running it again removes the files its journal (`shards.JOURNAL`) names, and nothing else, and starts
+over.
 """
 
 from __future__ import annotations
@@ -135,6 +136,12 @@ def prepare(inputs: list[str], out: Path, options: PrepareOptions, *, progress: 
         raise ConfigError(f"{str(out)!r} already holds a prepared dataset: choose another --out or delete it")
     out.mkdir(parents=True, exist_ok=True)
     shards.remove_leftovers(out)
+    foreign = shards.foreign_shard_files(out)
+    if foreign:
+        raise ConfigError(
+            f"{str(out)!r} holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''} that no preparation "
+            "of meshforge wrote (it deletes only what it wrote): choose another --out or move them away"
+        )
     tokenizer = build_tokenizer(options.tokenizer_path)
     dtype = shards.token_dtype(tokenizer.vocab_size)
     writers = {split: shards.ShardWriter(out, split, dtype, options.shard_tokens) for split in shards.SPLITS}
