@@ -204,6 +204,9 @@ def test_foreign_files_are_never_deleted(tmp_path: Path) -> None:
     mine = out / "train-mine.bin"
     mine.write_bytes(b"user data")
     assert shards.remove_leftovers(out) == []
+    (out / shards.JOURNAL).write_text("train-00000.bin.tmp\ntrain-00000.bin\n")  # as an interrupted prepare leaves
+    (out / "train-00000.bin.tmp").write_bytes(b"partial")
     with pytest.raises(ConfigError, match=r"train-mine\.bin"):
         _small(tmp_path)
     assert mine.read_bytes() == b"user data"
+    assert sorted(p.name for p in out.iterdir()) == ["train-mine.bin"]
