@@ -21,7 +21,7 @@ from meshforge.cli import main as meshforge_main
 from meshforge.data import integrity, shards
 from meshforge.data.prepare import PrepareOptions, prepare
 from meshforge.data.shards import PreparedSplit
-from meshforge.data.tokenizer import REPO_ROOT
+from meshforge.data.tokenizer import REPO_ROOT, build_tokenizer
 from meshforge.errors import ConfigError
 
 TOKENIZER = str(REPO_ROOT / "data" / "tokenizer" / "austen-bpe-2048.json")
@@ -210,3 +210,21 @@ def test_foreign_files_are_never_deleted(tmp_path: Path) -> None:
         _small(tmp_path)
     assert mine.read_bytes() == b"user data"
     assert sorted(p.name for p in out.iterdir()) == ["train-mine.bin"]
+
+
+def test_val_fraction_rounding_to_none_holds_out_the_last_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inputs = _jsonl(tmp_path / "in.jsonl", 25)
+    options = PrepareOptions(tokenizer_path=TOKENIZER, val_fraction=0.01)
+    manifest = prepare([inputs], tmp_path / "out", options)
+    assert "rounds to none: holding out the last document" in capsys.readouterr().err
+    assert (manifest["splits"]["val"]["documents"], manifest["splits"]["train"]["documents"]) == (1, 24)
+    val, train = PreparedSplit(tmp_path / "out", "val"), PreparedSplit(tmp_path / "out", "train")
+    assert val.document(0).tolist() == list(val.read(0, val.num_tokens))
+    tokenizer = build_tokenizer(TOKENIZER)
+    assert tokenizer.decode(val.document(0).tolist()[1:-1]).startswith("Emma 24 was")
+    assert tokenizer.decode(train.document(23).tolist()[1:-1]).startswith("Emma 23 was")
+    assert manifest["stats"]["train_tokens"] == train.num_tokens
+    many = prepare([_jsonl(tmp_path / "many.jsonl", 400)], tmp_path / "many", options)
+    assert "rounds to none" not in capsys.readouterr().err and many["splits"]["val"]["documents"] == 3

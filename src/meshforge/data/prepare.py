@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -145,13 +146,36 @@ def prepare(inputs: list[str], out: Path, options: PrepareOptions, *, progress: 
     tokenizer = build_tokenizer(options.tokenizer_path)
     dtype = shards.token_dtype(tokenizer.vocab_size)
     writers = {split: shards.ShardWriter(out, split, dtype, options.shard_tokens) for split in shards.SPLITS}
-    counts = {"documents": 0, "characters": 0, "tokens": 0, "train_tokens": 0}
     start = time.perf_counter()
+    counts = _write_documents(inputs, tokenizer, options, writers, progress)
+    manifest = _manifest(inputs, tokenizer, options, dtype, {s: w.close() for s, w in writers.items()})
+    manifest["stats"] = {**counts, "seconds": round(time.perf_counter() - start, 3)}
+    shards.write_manifest(out, manifest)
+    return manifest
+
+
+def _write_documents(
+    inputs: list[str],
+    tokenizer: Tokenizer,
+    options: PrepareOptions,
+    writers: dict[str, shards.ShardWriter],
+    progress: bool,
+) -> dict[str, int]:
+    """Encode and write every document; the counts. The last training document is written last of all: when
+    --val-fraction held out none of >= 2 documents, it goes to validation instead (with a warning)."""
+    counts = {"documents": 0, "characters": 0, "tokens": 0, "train_tokens": 0}
+    dtype, held, last = writers["train"].dtype, 0, None
     with ProgressLine(progress) as update:
         groups = batches(iter_documents(inputs, options.text_field), options)
         for flat, lengths, flags, chars in encoded_batches(groups, tokenizer, options, dtype):
             for document, is_val in zip(np.split(flat, np.cumsum(lengths)[:-1]), flags, strict=True):
-                writers["val" if is_val else "train"].add(document)
+                if is_val:
+                    writers["val"].add(document)
+                    held += 1
+                else:
+                    if last is not None:
+                        writers["train"].add(last)
+                    last = document
                 counts["documents"] += 1
                 counts["tokens"] += len(document)
                 counts["train_tokens"] += 0 if is_val else len(document)
@@ -161,10 +185,17 @@ def prepare(inputs: list[str], out: Path, options: PrepareOptions, *, progress: 
             update(counts["tokens"], chars)
             if options.max_tokens and counts["train_tokens"] >= options.max_tokens:
                 break
-    manifest = _manifest(inputs, tokenizer, options, dtype, {s: w.close() for s, w in writers.items()})
-    manifest["stats"] = {**counts, "seconds": round(time.perf_counter() - start, 3)}
-    shards.write_manifest(out, manifest)
-    return manifest
+    if last is not None and options.val_fraction > 0 and held == 0 and counts["documents"] >= 2:
+        print(
+            f"meshforge: --val-fraction {options.val_fraction} of {counts['documents']} documents rounds to none: "
+            "holding out the last document (--val-docs N to choose)",
+            file=sys.stderr,
+        )
+        writers["val"].add(last)
+        counts["train_tokens"] -= len(last)
+    elif last is not None:
+        writers["train"].add(last)
+    return counts
 
 
 def _manifest(
