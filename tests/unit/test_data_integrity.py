@@ -85,8 +85,11 @@ def test_twenty_thousand_shards_keep_open_files_bounded(many_shards: Path) -> No
         assert rank["most"] - rank["before"] <= 2 * 8 + 24, rank
 
 
-def test_lru_closes_evicted_maps(many_shards: Path) -> None:
+def test_lru_closes_evicted_maps(tmp_path: Path) -> None:
+    many_shards = tmp_path / "out"
+    prepare([_jsonl(tmp_path / "in.jsonl", 300)], many_shards, PrepareOptions(tokenizer_path=TOKENIZER, shard_tokens=8))
     split = PreparedSplit(many_shards, max_open_shards=4)
+    assert len(split.shard_names) >= 250
     before = _open_fds()
     rng = np.random.default_rng(0)
     for start in rng.integers(0, split.num_tokens - 40, size=300):
