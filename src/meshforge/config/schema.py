@@ -370,6 +370,20 @@ class Validation:
 
 
 @dataclass
+class Data:
+    """Reading prepared token shards (`meshforge data prepare`)."""
+
+    max_open_shards: int = 32
+    """Memory maps of shards (and as many of their .idx) kept open per split; more are closed least recently used."""
+    verify: Literal["cheap", "full"] = "cheap"
+    """At start-up check every shard: cheap (sizes, .idx headers and ends) or full (also every sha256)."""
+
+    def validate(self) -> None:
+        if self.max_open_shards < 2:
+            raise ConfigError(f"data.max_open_shards = {self.max_open_shards} must be >= 2")
+
+
+@dataclass
 class JobConfig:
     """The whole job: what `meshforge train` runs."""
 
@@ -387,6 +401,7 @@ class JobConfig:
     comm: Comm = field(default_factory=Comm)
     profiling: Profiling = field(default_factory=Profiling)
     validation: Validation = field(default_factory=Validation)
+    data: Data = field(default_factory=Data)
 
     def validate(self) -> None:
         """Check every section alone; cross-section checks (degrees vs world size, heads vs TP) live with the mesh."""
@@ -404,6 +419,7 @@ class JobConfig:
             self.metrics,
             self.comm,
             self.validation,
+            self.data,
         ):
             section.validate()
         if self.training.document_mask and self.parallelism.context_parallel_degree > 1:

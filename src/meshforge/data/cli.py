@@ -1,4 +1,4 @@
-"""`meshforge data prepare INPUT... --out DIR` (token shards + manifest) and `meshforge data info DIR`."""
+"""`meshforge data prepare INPUT... --out DIR` (token shards + manifest), `data info DIR`, `data verify DIR`."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     info = commands.add_parser("info", help="print a prepared dataset's counts")
     info.add_argument("folder")
+    check = commands.add_parser("verify", help="check every shard's sha256, every .idx and the manifest's counts")
+    check.add_argument("folder")
     return top
 
 
@@ -45,6 +47,8 @@ def main(argv: list[str]) -> int:
                     f"{split}: {info['documents']:,} documents, {info['tokens']:,} tokens, {len(info['shards'])} shards"
                 )
             return 0
+        if args.command == "verify":
+            return verify(Path(args.folder))
         fraction = args.val_fraction if args.val_fraction is not None else (0.0 if args.val_docs else 0.01)
         options = PrepareOptions(
             tokenizer_path=args.tokenizer,
@@ -64,4 +68,20 @@ def main(argv: list[str]) -> int:
         f"prepared {args.out}: train {splits['train']['documents']:,} documents / {splits['train']['tokens']:,} tokens,"
         f" val {splits['val']['documents']:,} / {splits['val']['tokens']:,}; {rate:,.0f} tokens/s"
     )
+    return 0
+
+
+def verify(folder: Path) -> int:
+    """Print each bad file of a prepared dataset (exit 1) or that it is sound (exit 0)."""
+    from meshforge.data import integrity
+
+    problems = integrity.verify(folder)
+    for problem in problems:
+        print(f"bad: {problem}", file=sys.stderr)
+    if problems:
+        print(f"{folder}: {len(problems)} bad file(s); prepare it again", file=sys.stderr)
+        return 1
+    manifest = shards.read_manifest(folder)
+    count = sum(len(info["shards"]) for info in manifest["splits"].values())
+    print(f"{folder}: {count} shards verified (sha256, .idx, counts)")
     return 0

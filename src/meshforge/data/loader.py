@@ -20,11 +20,11 @@ import torch
 
 from meshforge.data.corpus import dataset_folders
 from meshforge.data.order import feistel_permute, mixture_assign, normalise_weights, order_key
-from meshforge.data.shards import PreparedSplit
+from meshforge.data.shards import MAX_OPEN_SHARDS, PreparedSplit
 from meshforge.errors import ConfigError
 
 if TYPE_CHECKING:
-    from meshforge.config.schema import Training
+    from meshforge.config.schema import Data, Training
 
 
 ORDER_VERSION = 2
@@ -219,10 +219,14 @@ class PackedDataLoader:
             self.counts[:] = [int(state[f"source{d}_count"]) for d in range(len(self.streams))]
 
 
-def open_splits(cfg: Training, tokenizer_path: str, split: str) -> tuple[list[PreparedSplit], list[float]]:
-    """The memory-mapped streams and weights of cfg's dataset split ('train' or 'val')."""
+def open_splits(
+    cfg: Training, tokenizer_path: str, split: str, data: Data | None = None
+) -> tuple[list[PreparedSplit], list[float]]:
+    """The memory-mapped streams and weights of cfg's dataset split ('train' or 'val'), each shard checked."""
+    max_open, verify = (data.max_open_shards, data.verify) if data else (MAX_OPEN_SHARDS, "cheap")
     folders = dataset_folders(cfg.dataset, cfg.dataset_path, cfg.dataset_mixture, tokenizer_path)
-    return [PreparedSplit(Path(folder), split) for folder, _ in folders], [w for _, w in folders]
+    opened = [PreparedSplit(Path(folder), split, max_open_shards=max_open, verify=verify) for folder, _ in folders]
+    return opened, [w for _, w in folders]
 
 
 def build_dataloader(
@@ -234,14 +238,16 @@ def build_dataloader(
     dp_degree: int,
     split: str = "train",
     local_batch_size: int = 0,
+    data: Data | None = None,
 ) -> PackedDataLoader:
     """The loader of a data-parallel rank for cfg's dataset; the train split is shuffled, the val split is not.
 
     fingerprint: the model's tokenizer's; a dataset prepared with another tokenizer is refused.
+    data: the data section (open maps, start-up verification); its defaults when None.
     """
     if split not in ("train", "val"):
         raise ConfigError(f"unknown split {split!r}: use 'train' or 'val'")
-    streams, weights = open_splits(cfg, tokenizer_path, split)
+    streams, weights = open_splits(cfg, tokenizer_path, split, data)
     for stream in streams:
         if stream.fingerprint != fingerprint:
             raise ConfigError(

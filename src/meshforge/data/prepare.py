@@ -2,8 +2,9 @@
 
 Memory stays bounded: documents are read one at a time, grouped into batches of at most ``BATCH_CHARS`` characters,
 at most ``2 x workers`` batches are in flight, and tokens go straight to the open shard file. The manifest is written
-last (`shards.write_manifest`), so an interrupted preparation leaves no manifest; running it again removes the
-leftovers and starts over.
+last (`shards.write_manifest`), after every shard and the folder are fsynced, so an interrupted preparation leaves
+no manifest; running it again removes the files its journal (`shards.JOURNAL`) names, and nothing else, and starts
+over.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -135,16 +137,45 @@ def prepare(inputs: list[str], out: Path, options: PrepareOptions, *, progress: 
         raise ConfigError(f"{str(out)!r} already holds a prepared dataset: choose another --out or delete it")
     out.mkdir(parents=True, exist_ok=True)
     shards.remove_leftovers(out)
+    foreign = shards.foreign_shard_files(out)
+    if foreign:
+        raise ConfigError(
+            f"{str(out)!r} holds {', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''} that no preparation "
+            "of meshforge wrote (it deletes only what it wrote): choose another --out or move them away"
+        )
     tokenizer = build_tokenizer(options.tokenizer_path)
     dtype = shards.token_dtype(tokenizer.vocab_size)
     writers = {split: shards.ShardWriter(out, split, dtype, options.shard_tokens) for split in shards.SPLITS}
-    counts = {"documents": 0, "characters": 0, "tokens": 0, "train_tokens": 0}
     start = time.perf_counter()
+    counts = _write_documents(inputs, tokenizer, options, writers, progress)
+    manifest = _manifest(inputs, tokenizer, options, dtype, {s: w.close() for s, w in writers.items()})
+    manifest["stats"] = {**counts, "seconds": round(time.perf_counter() - start, 3)}
+    shards.write_manifest(out, manifest)
+    return manifest
+
+
+def _write_documents(
+    inputs: list[str],
+    tokenizer: Tokenizer,
+    options: PrepareOptions,
+    writers: dict[str, shards.ShardWriter],
+    progress: bool,
+) -> dict[str, int]:
+    """Encode and write every document; the counts. The last training document is written last of all: when
+    --val-fraction held out none of >= 2 documents, it goes to validation instead (with a warning)."""
+    counts = {"documents": 0, "characters": 0, "tokens": 0, "train_tokens": 0}
+    dtype, held, last = writers["train"].dtype, 0, None
     with ProgressLine(progress) as update:
         groups = batches(iter_documents(inputs, options.text_field), options)
         for flat, lengths, flags, chars in encoded_batches(groups, tokenizer, options, dtype):
             for document, is_val in zip(np.split(flat, np.cumsum(lengths)[:-1]), flags, strict=True):
-                writers["val" if is_val else "train"].add(document)
+                if is_val:
+                    writers["val"].add(document)
+                    held += 1
+                else:
+                    if last is not None:
+                        writers["train"].add(last)
+                    last = document
                 counts["documents"] += 1
                 counts["tokens"] += len(document)
                 counts["train_tokens"] += 0 if is_val else len(document)
@@ -154,10 +185,17 @@ def prepare(inputs: list[str], out: Path, options: PrepareOptions, *, progress: 
             update(counts["tokens"], chars)
             if options.max_tokens and counts["train_tokens"] >= options.max_tokens:
                 break
-    manifest = _manifest(inputs, tokenizer, options, dtype, {s: w.close() for s, w in writers.items()})
-    manifest["stats"] = {**counts, "seconds": round(time.perf_counter() - start, 3)}
-    shards.write_manifest(out, manifest)
-    return manifest
+    if last is not None and options.val_fraction > 0 and held == 0 and counts["documents"] >= 2:
+        print(
+            f"meshforge: --val-fraction {options.val_fraction} of {counts['documents']} documents rounds to none: "
+            "holding out the last document (--val-docs N to choose)",
+            file=sys.stderr,
+        )
+        writers["val"].add(last)
+        counts["train_tokens"] -= len(last)
+    elif last is not None:
+        writers["train"].add(last)
+    return counts
 
 
 def _manifest(

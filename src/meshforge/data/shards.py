@@ -16,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ FORMAT = "meshforge-shards-v1"
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 SHARD_SUFFIXES = (".bin", ".idx", ".tmp")
+JOURNAL = ".prepare-written"
+"""The files an unfinished preparation wrote, one name a line; a rerun deletes these and nothing else."""
+MAX_OPEN_SHARDS = 32
+VERIFY_HINT = "run `meshforge data verify {folder}` for every bad file, then prepare it again"
 
 
 def token_dtype(vocab_size: int) -> np.dtype[Any]:
@@ -55,6 +60,7 @@ class ShardWriter:
         if self._file is not None and self._tokens + len(document) > self.shard_tokens and self._tokens:
             self._flush()
         if self._file is None:
+            record_written(self.folder, [self._path(s).name for s in (".bin.tmp", ".idx.tmp", ".bin", ".idx")])
             self._file = open(self._path(".bin.tmp"), "wb")  # noqa: SIM115 (closed in _flush)
             self._digest, self._offsets, self._tokens = hashlib.sha256(), [], 0
         data = np.ascontiguousarray(document, dtype=self.dtype).tobytes()
@@ -62,6 +68,7 @@ class ShardWriter:
         self._digest.update(data)
         self._offsets.append(self._tokens)
         self._tokens += len(document)
+        crash_point()
 
     def close(self) -> list[dict[str, Any]]:
         """Finish the open shard; returns every shard's manifest entry."""
@@ -73,13 +80,19 @@ class ShardWriter:
         return self.folder / f"{self.split}-{len(self.shards):05d}{suffix}"
 
     def _flush(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
         self._file.close()
         bin_path, idx_path = self._path(".bin"), self._path(".idx")
         offsets = np.asarray([*self._offsets, self._tokens], dtype=np.int64)
         with open(self._path(".idx.tmp"), "wb") as f:
             np.save(f, offsets)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(self._path(".idx.tmp"), idx_path)
+        crash_point()
         os.replace(self._path(".bin.tmp"), bin_path)
+        crash_point()
         self.shards.append(
             {
                 "name": bin_path.name,
@@ -92,24 +105,85 @@ class ShardWriter:
         self._file = None
 
 
+_CRASH_COUNT = [0]
+
+
+def crash_point() -> None:
+    """Test hook: with MESHFORGE_PREPARE_KILL_AFTER=K set, the K-th call SIGKILLs this process (a power cut)."""
+    after = os.environ.get("MESHFORGE_PREPARE_KILL_AFTER")
+    if after:
+        _CRASH_COUNT[0] += 1
+        if _CRASH_COUNT[0] == int(after):
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fsync_folder(folder: Path) -> None:
+    """fsync a folder, so the names created or renamed in it survive a power loss."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def record_written(folder: Path, names: list[str]) -> None:
+    """Append names to the journal before the files are created, so a rerun can delete exactly them.
+
+    Not fsynced (a killed process loses no written page): after a power cut a shard whose name the journal lost is
+    a file no journal names, and the rerun refuses the folder rather than delete it."""
+    journal = folder / JOURNAL
+    new = not journal.exists()
+    with open(journal, "a") as f:
+        f.write("".join(f"{name}\n" for name in names))
+    if new:
+        fsync_folder(folder)
+
+
 def remove_leftovers(folder: Path) -> list[Path]:
-    """Delete shard files and temporaries of an unfinished preparation (a folder with no manifest); returns them."""
+    """Delete the files an unfinished preparation wrote (those its journal names, and the journal); returns them.
+
+    Nothing else is touched: a ``train-00000.bin`` of the user's own that no journal names stays, and preparing
+    into that folder is refused (`ShardWriter` would overwrite it)."""
+    journal = folder / JOURNAL
+    if not journal.is_file():
+        return []
     removed = []
-    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if path.is_file() and path.name.startswith(SPLITS) and path.name.endswith(SHARD_SUFFIXES):
+    for name in dict.fromkeys(journal.read_text().split()):
+        path = folder / name
+        if os.sep not in name and path.is_file():
             path.unlink()
             removed.append(path)
+    journal.unlink()
+    fsync_folder(folder)
     return removed
 
 
+def foreign_shard_files(folder: Path) -> list[str]:
+    """Files in folder with the names of shards or their temporaries (which a preparation would overwrite)."""
+    return [
+        path.name
+        for path in sorted(folder.iterdir())
+        if path.is_file() and path.name.startswith(SPLITS) and path.name.endswith(SHARD_SUFFIXES)
+    ]
+
+
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    """Write manifest.json atomically (temporary file, fsync, rename)."""
-    with tempfile.NamedTemporaryFile("w", dir=folder, prefix=".manifest.", suffix=".tmp", delete=False) as f:
+    """Write manifest.json atomically (folder fsynced so every shard is durable, temporary file, fsync, rename)."""
+    temporary = folder / f".{MANIFEST}.tmp"
+    if (folder / JOURNAL).exists():
+        record_written(folder, [temporary.name])
+    fsync_folder(folder)
+    crash_point()
+    with open(temporary, "w") as f:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    os.chmod(f.name, 0o644)
-    os.replace(f.name, folder / MANIFEST)
+    os.replace(temporary, folder / MANIFEST)
+    fsync_folder(folder)
+    crash_point()
+    (folder / JOURNAL).unlink(missing_ok=True)
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -135,14 +209,41 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+class MapCache:
+    """The most recently used ``capacity`` open maps of shard files; opening one more closes the oldest.
+
+    A numpy memory map holds a file descriptor until the last array viewing it is gone: evicting drops the cache's
+    reference (callers get copies), so open files and mapped memory stay bounded whatever the shard count."""
+
+    def __init__(self, capacity: int, opener: Callable[[int], np.ndarray]) -> None:
+        self.capacity, self.opener = capacity, opener
+        self.maps: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def get(self, key: int) -> np.ndarray:
+        """The map of shard key, opened (and the least recently used closed) when not open."""
+        if key in self.maps:
+            self.maps.move_to_end(key)
+            return self.maps[key]
+        value = self.opener(key)
+        self.maps[key] = value
+        while len(self.maps) > self.capacity:
+            self.maps.popitem(last=False)
+        return value
+
+
 class PreparedSplit:
     """One split of a prepared dataset as a single virtual token stream, memory-mapped shard by shard.
 
-    Nothing is read at open time beyond the manifest and file sizes; `read` touches only the pages of the windows
-    asked for, so resident memory does not grow with the corpus.
+    Opening reads the manifest and checks every shard cheaply (`integrity.check_cheap`: sizes, ``.idx`` headers and
+    ends; ``verify="full"`` also every sha256); `read` touches only the pages of the windows asked for and keeps at
+    most ``max_open_shards`` maps of each kind open, so resident memory and open files do not grow with the corpus.
     """
 
-    def __init__(self, folder: Path, split: str = "train") -> None:
+    def __init__(
+        self, folder: Path, split: str = "train", *, max_open_shards: int = MAX_OPEN_SHARDS, verify: str = "cheap"
+    ) -> None:
+        from meshforge.data import integrity
+
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
         if split not in self.manifest["splits"]:
@@ -151,17 +252,25 @@ class PreparedSplit:
         self.split, self.dtype = split, np.dtype(self.manifest["dtype"])
         self.num_tokens, self.num_documents = int(info["tokens"]), int(info["documents"])
         self.shard_names = [shard["name"] for shard in info["shards"]]
+        integrity.check_split(self.folder, info["shards"], self.dtype, full=verify == "full")
         sizes = [int(shard["tokens"]) for shard in info["shards"]]
-        for name, tokens in zip(self.shard_names, sizes, strict=True):
-            actual = (self.folder / name).stat().st_size if (self.folder / name).is_file() else -1
-            if actual != tokens * self.dtype.itemsize:
-                raise ConfigError(
-                    f"shard {name} of {str(folder)!r} has {actual} bytes, the manifest says "
-                    f"{tokens * self.dtype.itemsize}: the folder is damaged, prepare it again"
-                )
         self.starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
-        self._maps: dict[int, np.ndarray] = {}
-        self._index: dict[int, np.ndarray] = {}
+        self._maps = MapCache(max_open_shards, self._open_bin)
+        self._index = MapCache(max_open_shards, self._open_idx)
+
+    def _open_bin(self, i: int) -> np.ndarray:
+        return self._guard(i, ".bin", lambda path: np.memmap(path, dtype=self.dtype, mode="r"))
+
+    def _open_idx(self, i: int) -> np.ndarray:
+        return self._guard(i, ".idx", lambda path: np.load(path, mmap_mode="r"))
+
+    def _guard(self, i: int, suffix: str, opener: Callable[[Path], np.ndarray]) -> np.ndarray:
+        path = self.folder / self.shard_names[i].replace(".bin", suffix)
+        try:
+            return opener(path)
+        except (OSError, ValueError) as error:  # removed or damaged since the check at open
+            hint = VERIFY_HINT.format(folder=self.folder)
+            raise ConfigError(f"shard {str(path)!r} cannot be opened ({error}): {hint}") from None
 
     @property
     def fingerprint(self) -> str:
@@ -169,15 +278,10 @@ class PreparedSplit:
         return str(self.manifest["tokenizer"]["fingerprint"])
 
     def _shard(self, i: int) -> np.ndarray:
-        if i not in self._maps:
-            path = self.folder / self.shard_names[i]
-            self._maps[i] = np.memmap(path, dtype=self.dtype, mode="r")
-        return self._maps[i]
+        return self._maps.get(i)
 
     def _offsets(self, i: int) -> np.ndarray:
-        if i not in self._index:
-            self._index[i] = np.load(self.folder / self.shard_names[i].replace(".bin", ".idx"), mmap_mode="r")
-        return self._index[i]
+        return self._index.get(i)
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start + length) of the split's stream as int64 (crossing shard boundaries as needed)."""
@@ -199,7 +303,7 @@ class PreparedSplit:
             stop = min(end, int(self.starts[i + 1]))
             offsets = self._offsets(i)
             lo, hi = np.searchsorted(offsets, [position - self.starts[i], stop - self.starts[i]])
-            found.append(np.asarray(offsets[lo:hi], dtype=np.int64) + self.starts[i] - start)
+            found.append(np.array(offsets[lo:hi], dtype=np.int64) + self.starts[i] - start)
             position = stop
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
@@ -209,4 +313,4 @@ class PreparedSplit:
         i = int(np.searchsorted(shard_docs, d, side="right")) - 1
         offsets = self._offsets(i)
         local = d - int(shard_docs[i])
-        return np.asarray(self._shard(i)[offsets[local] : offsets[local + 1]], dtype=np.int64)
+        return np.array(self._shard(i)[offsets[local] : offsets[local + 1]], dtype=np.int64)

@@ -92,7 +92,12 @@ def setup(cfg: JobConfig) -> TrainState:
     )
     mesh = dims.build_mesh(ctx.device.type)
     loader = build_dataloader(
-        cfg.training, cfg.model.tokenizer_path, tokenizer.fingerprint, dp_rank=dims.dp_rank(ctx.rank), dp_degree=dims.dp
+        cfg.training,
+        cfg.model.tokenizer_path,
+        tokenizer.fingerprint,
+        dp_rank=dims.dp_rank(ctx.rank),
+        dp_degree=dims.dp,
+        data=cfg.data,
     )
 
     model_parts, pipeline = build_model_parts(cfg, ctx, dims, mesh, model_args)

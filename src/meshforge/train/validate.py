@@ -53,6 +53,7 @@ def build_validation_loader(cfg: JobConfig, dims: ParallelDims, rank: int, finge
         dp_degree=dims.dp,
         split="val",
         local_batch_size=batch,
+        data=cfg.data,
     )
 
 
