@@ -384,6 +384,36 @@ class Validation:
 
 
 @dataclass
+class FaultTolerance:
+    """Fault-tolerant replica groups on torchft (train/fault_tolerance.py; TorchTitan's key names)."""
+
+    enable: bool = False
+    """Run this job as one replica group of HSDP's replicate dimension under torchft (needs meshforge[ft])."""
+    replica_id: int = 0
+    """This group's id in [0, group_size)."""
+    group_size: int = 0
+    """Number of replica groups (the data is split over group_size x dp); 0: local_replicas, else 1."""
+    lighthouse: str = "http://127.0.0.1:29510"
+    """Address of the torchft Lighthouse (`meshforge ft lighthouse`)."""
+    min_replica_size: int = 1
+    """Commit a step only when at least this many groups took part."""
+    local_replicas: int = 0
+    """With `meshforge train --nproc N`: start a Lighthouse and this many local groups of N / local_replicas ranks."""
+
+    def validate(self) -> None:
+        if not self.enable:
+            return
+        groups = self.group_size or self.local_replicas or 1
+        if not 0 <= self.replica_id < groups:
+            raise ConfigError(
+                f"fault_tolerance.replica_id = {self.replica_id} must be in [0, fault_tolerance.group_size = {groups})"
+            )
+        _positive("fault_tolerance.min_replica_size", self.min_replica_size)
+        if self.local_replicas < 0 or self.group_size < 0:
+            raise ConfigError("fault_tolerance.local_replicas and fault_tolerance.group_size must be >= 0")
+
+
+@dataclass
 class JobConfig:
     """The whole job: what `meshforge train` runs."""
 
@@ -401,6 +431,7 @@ class JobConfig:
     comm: Comm = field(default_factory=Comm)
     profiling: Profiling = field(default_factory=Profiling)
     validation: Validation = field(default_factory=Validation)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
 
     def validate(self) -> None:
         """Check every section alone; cross-section checks (degrees vs world size, heads vs TP) live with the mesh."""
@@ -418,6 +449,7 @@ class JobConfig:
             self.metrics,
             self.comm,
             self.validation,
+            self.fault_tolerance,
         ):
             section.validate()
         if self.training.document_mask and self.parallelism.context_parallel_degree > 1:

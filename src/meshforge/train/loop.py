@@ -43,6 +43,8 @@ from meshforge.parallel.parallelize import parallelize
 from meshforge.parallel.tensor_parallel import loss_parallel_context
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
 from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, saved_global_batch
+from meshforge.train.fault_tolerance import FaultTolerance, data_shard
+from meshforge.train.fault_tolerance import build as build_fault_tolerance
 from meshforge.train.moe_balance import balance_experts
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
 from meshforge.train.validate import build_validation_loader, should_validate, validate
@@ -75,6 +77,7 @@ class TrainState:
     moe_metrics: dict[str, float] = field(default_factory=dict)
     straggler: StragglerDetector = field(default_factory=lambda: StragglerDetector(0.0, console=False))
     save_clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
+    ft: FaultTolerance | None = None  # torchft replica groups (train/fault_tolerance.py)
 
 
 def setup(cfg: JobConfig) -> TrainState:
@@ -94,8 +97,9 @@ def setup(cfg: JobConfig) -> TrainState:
         cfg.parallelism, device=ctx.device, compile_enabled=cfg.compile.enable, float8=cfg.quantize.dense.float8
     )
     mesh = dims.build_mesh(ctx.device.type)
+    dp_rank, dp_degree = data_shard(cfg, dims.dp_rank(ctx.rank), dims.dp)  # replica groups read their own slots
     loader = build_dataloader(
-        cfg.training, cfg.model.tokenizer_path, tokenizer.fingerprint, dp_rank=dims.dp_rank(ctx.rank), dp_degree=dims.dp
+        cfg.training, cfg.model.tokenizer_path, tokenizer.fingerprint, dp_rank=dp_rank, dp_degree=dp_degree
     )
 
     model_parts, pipeline = build_model_parts(cfg, ctx, dims, mesh, model_args)
@@ -113,6 +117,7 @@ def setup(cfg: JobConfig) -> TrainState:
             state.cfg = keep_global_batch(state.cfg, dims, saved_global_batch(cfg, state.step), metrics.console)
     state.straggler = StragglerDetector(cfg.metrics.straggler_threshold, console=metrics.console)
     state.save_clock = SaveClock(cfg.checkpoint.interval_seconds)
+    state.ft = build_fault_tolerance(state.cfg, state)
     return state
 
 
@@ -255,6 +260,8 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     accum = state.cfg.training.gradient_accumulation_steps
     state.optimizer.zero_grad(set_to_none=True)
     losses, data = [], 0.0
+    if state.ft is not None:  # the quorum; a (re)joining group receives a live peer's state here
+        state.ft.start_step()
     state.straggler.times.begin()  # the step's time parts (observability/straggler.py)
     for _ in range(accum):
         start = time.perf_counter()
@@ -266,11 +273,15 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
         losses.append(forward_backward(state, inputs, labels, 1.0 / accum))
     state.straggler.times.split(data)
     params = [p for part in state.model_parts for p in part.parameters()]
+    if state.ft is not None:  # the replicate dimension's all-reduce, over the live groups
+        state.ft.sync_gradients(params)
     grad_norm = clip_grad_norm_(params, state.cfg.training.max_norm, sub_mesh(state.mesh, "pp"))
     loss = torch.stack(losses).mean()
     if state.model_args.is_moe:  # expert-bias update from this step's global expert loads (train/moe_balance.py)
         meshes = sub_mesh(state.mesh, "dp_cp"), sub_mesh(state.mesh, "pp")
         state.moe_metrics = balance_experts(state.model_parts, *meshes, state.model_args.load_balance_coeff)
+    if state.ft is not None and not state.ft.should_commit():  # a replica failed: the step is retried
+        return loss, grad_norm
     if state.guard.should_skip(state.step, grad_norm, loss):  # the same decision on every rank (global norm)
         state.optimizer.zero_grad(set_to_none=True)
     else:
@@ -305,6 +316,9 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
     while state.step < cfg.training.steps:
         state.step += 1
         loss, grad_norm = train_step(state)
+        if state.ft is not None and state.ft.retry:
+            state.step -= 1
+            continue
         state.metrics.step_done(state.step, cfg.training.steps)
         if state.step == first_step:
             set_timeouts(state.mesh, cfg.comm.train_timeout_seconds)
@@ -389,5 +403,7 @@ def run_job(state: TrainState) -> list[dict[str, Any]]:
         raise
     if state.checkpointer is not None:
         state.checkpointer.close()
+    if state.ft is not None:
+        state.ft.close()
     state.metrics.close()
     return records
