@@ -397,6 +397,8 @@ class FaultTolerance:
     """Address of the torchft Lighthouse (`meshforge ft lighthouse`)."""
     min_replica_size: int = 1
     """Commit a step only when at least this many groups took part."""
+    start_together: bool = True
+    """The first step waits for all group_size groups (else a group that starts later begins with a recovery)."""
     local_replicas: int = 0
     """With `meshforge train --nproc N`: start a Lighthouse and this many local groups of N / local_replicas ranks."""
 

@@ -134,6 +134,7 @@ class FaultTolerance:
     manager: Any = None
     name: str = ""
     retry: bool = False
+    said_waiting: bool = False
     recovered: int | None = None
     position: dict[str, int] = field(default_factory=dict)
     log: Path | None = None
@@ -165,6 +166,8 @@ class FaultTolerance:
             **store,
         )
         self.manager._client = _CheckedClient(self.manager._client, self.name, lambda: self.state.step)
+        if cfg.fault_tolerance.start_together:  # the first commit needs every group (then min_replica_size)
+            self.manager._min_replica_size = max(num_groups(cfg), cfg.fault_tolerance.min_replica_size)
         self.log = Path(cfg.job.dump_folder) / f"ft_steps.rank{ctx.rank}.jsonl"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.log.write_text("")
@@ -253,18 +256,30 @@ class FaultTolerance:
 
     def should_commit(self) -> bool:
         """True: step the optimizer. False: the step failed somewhere (a replica died): rewind and retry."""
+        waiting = self.manager._min_replica_size > self.cfg.fault_tolerance.min_replica_size
         if self.manager.should_commit():
+            self.manager._min_replica_size = self.cfg.fault_tolerance.min_replica_size
             self._record()
             return True
         self.state.optimizer.zero_grad(set_to_none=True)
         self.state.loader.load_state_dict(self.position)
         self.retry = True
-        if self.state.metrics.console:
-            print(
-                f"meshforge: fault tolerance: step {self.state.step} not committed (a replica left the quorum); "
-                "retrying it with the same batch",
-                flush=True,
+        if waiting:  # before the first commit: the other groups are still starting
+            if time.perf_counter() - self.started > self.cfg.comm.init_timeout_seconds:
+                raise SystemExit(
+                    f"meshforge: fault tolerance: no other replica group joined within comm.init_timeout_seconds = "
+                    f"{self.cfg.comm.init_timeout_seconds} (fault_tolerance.start_together waits for all "
+                    f"{num_groups(self.cfg)}); start the other groups, or set fault_tolerance.start_together = false"
+                )
+            time.sleep(0.2)
+        if self.state.metrics.console and not (waiting and self.said_waiting):
+            self.said_waiting = self.said_waiting or waiting
+            why = (
+                f"waiting for all {num_groups(self.cfg)} replica groups (fault_tolerance.start_together)"
+                if waiting
+                else "a replica left the quorum"
             )
+            print(f"meshforge: fault tolerance: step {self.state.step} not committed ({why}); retrying it", flush=True)
         return False
 
     def _record(self) -> None:
