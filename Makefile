@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean ft-proof
 venv: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -19,6 +19,10 @@ lint: $(VENV)/.ready
 
 test: lint
 	$(PY) -m pytest -q --durations=15
+
+# the torchft kill-and-rejoin proof (docs/fault-tolerance.md; ~3 min under load); needs pip install -e '.[ft]'
+ft-proof: $(VENV)/.ready
+	MESHFORGE_FT_FIGURES=outputs/ft_figures.json $(PY) -m pytest -q -s tests/integration/test_fault_tolerance.py
 
 clean:
 	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache
