@@ -13,7 +13,7 @@ from parity import BASE
 
 pytestmark = pytest.mark.distributed
 
-STEPS, LOG_FREQ, DELAY = 12, 2, 0.4
+STEPS, LOG_FREQ, DELAY = 10, 2, 1.0  # 2 ranks: the median halves the excess, so it must beat 0.2 x a loaded step
 
 
 def slowed_run(dump: str) -> dict[str, Any]:
@@ -55,11 +55,11 @@ def test_the_slowed_rank_is_named_and_gathers_only_on_log_steps() -> None:
     rank0 = run_ranks(slowed_run, 2, tempfile.mkdtemp(prefix="meshforge-straggler-"))[0]
     records = rank0["records"]
     logged = [r["step"] for r in records]
-    assert logged == [1, 2, 4, 6, 8, 10, 12]
+    assert logged == [1, 2, 4, 6, 8, 10]
     assert rank0["gathers"] == logged  # one gather per log step, none on other steps
     named = {r["step"]: r.get("stragglers") for r in records}
     # named from the 3rd consecutive slow interval on (step 1's interval is dominated by the first step's warm-up,
     # so the count may start at step 2), and rank 0 never
     assert named[1] is None and named[2] is None, named
-    assert all(named[s] == [1] for s in (6, 8, 10, 12)) and named[4] in (None, [1]), named
+    assert all(named[s] == [1] for s in (8, 10)) and named[4] in (None, [1]) and named[6] in (None, [1]), named
     assert all(r["wait_max_s"] >= 0 for r in records)
