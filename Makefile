@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint venv clean test-compat test-fake-cuda plan-loo
+.PHONY: demo test lint venv clean test-compat test-fake-cuda plan-loo ft-proof
 venv: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -28,9 +28,14 @@ test-compat:
 # the fake-CUDA check (scripts/fake_cuda_check.py) in its own venv (.venv-fake-cuda, torch 2.14.1+cu130)
 test-fake-cuda: $(VENV)/.ready
 	PYTEST_PYTHON=$(PY) bash scripts/fake_cuda_venv.sh
+
 # The planner's leave-one-out folds (after a change to plan/ physics or the published rows; minutes, all cores).
 plan-loo: $(VENV)/.ready
 	$(PY) -m meshforge.plan.folds
+
+# the torchft kill-and-rejoin proof (docs/fault-tolerance.md; ~3 min under load); needs pip install -e '.[ft]'
+ft-proof: $(VENV)/.ready
+	MESHFORGE_FT_FIGURES=outputs/ft_figures.json $(PY) -m pytest -q -s tests/integration/test_fault_tolerance.py
 
 clean:
 	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("meshforge.data.cli", "data prepare INPUT... --out DIR: token shards + manifest; data info DIR"),
     "generate": ("meshforge.tools.generate", "sample text from a checkpoint (--checkpoint DIR --prompt TEXT)"),
     "convert": ("meshforge.checkpoint.hf", "from-hf / to-hf: Hugging Face safetensors <-> meshforge checkpoints"),
+    "ft": ("meshforge.train.ft_cli", "ft lighthouse [--port P]: the torchft Lighthouse for fault-tolerant replicas"),
 }
 
 

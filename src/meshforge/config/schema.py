@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from meshforge.config.fault_tolerance import FaultTolerance
 from meshforge.errors import ConfigError
 
 
@@ -292,9 +293,17 @@ class Checkpoint:
     """Start from these weights (a seed checkpoint or an imported Hugging Face model) when no checkpoint exists."""
     create_seed_checkpoint: bool = False
     """Write the initial weights to <folder>/step-0 and exit (single process)."""
+    # -- elastic resume (train/elastic.py) --
+    interval_seconds: float = 0.0
+    """Also save when this much wall time has passed since the last save (0: off); checked on log steps."""
+    keep_global_batch: bool = True
+    """On a resume under fewer (or more) data-parallel ranks, set gradient accumulation to keep the saved global
+    batch (one line says so)."""
 
     def validate(self) -> None:
         _positive("checkpoint.interval", self.interval)
+        if self.interval_seconds < 0:
+            raise ConfigError(f"checkpoint.interval_seconds = {self.interval_seconds} must be >= 0 (0: off)")
         if self.keep_latest_k < 0 or self.keep_latest_k == 1:
             raise ConfigError(
                 f"checkpoint.keep_latest_k = {self.keep_latest_k} must be 0 (keep all) or >= 2 (a crash while saving "
@@ -312,9 +321,15 @@ class Metrics:
     """Also log to Weights & Biases (needs the wandb package and a login)."""
     progress_bar: bool = True
     """Show a progress bar on rank 0 when the console is a terminal."""
+    # -- straggler detection (observability/straggler.py) --
+    straggler_threshold: float = 0.2
+    """Name a rank whose data / forward-backward / optimizer time per step exceeds the ranks' median by more than
+    this share of the median step time for 3 consecutive log intervals (0: off; one all-gather per log step)."""
 
     def validate(self) -> None:
         _positive("metrics.log_freq", self.log_freq)
+        if self.straggler_threshold < 0:
+            raise ConfigError(f"metrics.straggler_threshold = {self.straggler_threshold} must be >= 0 (0: off)")
 
 
 @dataclass
@@ -402,6 +417,7 @@ class JobConfig:
     profiling: Profiling = field(default_factory=Profiling)
     validation: Validation = field(default_factory=Validation)
     data: Data = field(default_factory=Data)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
 
     def validate(self) -> None:
         """Check every section alone; cross-section checks (degrees vs world size, heads vs TP) live with the mesh."""
@@ -420,6 +436,7 @@ class JobConfig:
             self.comm,
             self.validation,
             self.data,
+            self.fault_tolerance,
         ):
             section.validate()
         if self.training.document_mask and self.parallelism.context_parallel_degree > 1:

@@ -55,6 +55,10 @@ def main(argv: list[str]) -> int:
         from meshforge.tools.dry_run import dry_run
 
         return dry_run(cfg, args.world_size)
+    if args.nproc and cfg.fault_tolerance.enable and cfg.fault_tolerance.local_replicas:
+        from meshforge.train.ft_cli import launch_local_replicas
+
+        return launch_local_replicas(cfg, args.nproc, argv)  # a Lighthouse + R groups (train/ft_cli.py)
     if args.nproc:
         from meshforge.train.preflight import preflight
 

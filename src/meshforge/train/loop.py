@@ -35,6 +35,7 @@ from meshforge.observability.hang import HangGuard, enable_flight_recorder
 from meshforge.observability.logs import launcher_rank, rank_logging
 from meshforge.observability.metrics import MetricsLogger, logging_ranks
 from meshforge.observability.profiling import StepProfiler, check_window, profiling
+from meshforge.observability.straggler import StragglerDetector
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
@@ -42,6 +43,9 @@ from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_
 from meshforge.parallel.parallelize import parallelize
 from meshforge.parallel.tensor_parallel import loss_parallel_context
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
+from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, saved_global_batch
+from meshforge.train.fault_tolerance import FaultTolerance, data_shard
+from meshforge.train.fault_tolerance import build as build_fault_tolerance
 from meshforge.train.moe_balance import balance_experts
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
 from meshforge.train.validate import build_validation_loader, should_validate, validate
@@ -72,6 +76,9 @@ class TrainState:
     val_loader: PackedDataLoader | None = None
     guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
     moe_metrics: dict[str, float] = field(default_factory=dict)
+    straggler: StragglerDetector = field(default_factory=lambda: StragglerDetector(0.0, console=False))
+    save_clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
+    ft: FaultTolerance | None = None  # torchft replica groups (train/fault_tolerance.py)
 
 
 def setup(cfg: JobConfig) -> TrainState:
@@ -91,12 +98,13 @@ def setup(cfg: JobConfig) -> TrainState:
         cfg.parallelism, device=ctx.device, compile_enabled=cfg.compile.enable, float8=cfg.quantize.dense.float8
     )
     mesh = dims.build_mesh(ctx.device.type)
+    dp_rank, dp_degree = data_shard(cfg, dims.dp_rank(ctx.rank), dims.dp)  # replica groups read their own slots
     loader = build_dataloader(
         cfg.training,
         cfg.model.tokenizer_path,
         tokenizer.fingerprint,
-        dp_rank=dims.dp_rank(ctx.rank),
-        dp_degree=dims.dp,
+        dp_rank=dp_rank,
+        dp_degree=dp_degree,
         data=cfg.data,
     )
 
@@ -111,6 +119,11 @@ def setup(cfg: JobConfig) -> TrainState:
     state.checkpointer = build_checkpointer(cfg, ctx, dims, metrics.console)
     if state.checkpointer is not None:  # resume (or load initial weights) now that optimizer and scheduler exist
         state.step = state.checkpointer.load(checkpoint_states(state))
+        if state.step > 0:  # elastic resume: the saved global batch by gradient accumulation (train/elastic.py)
+            state.cfg = keep_global_batch(state.cfg, dims, saved_global_batch(cfg, state.step), metrics.console)
+    state.straggler = StragglerDetector(cfg.metrics.straggler_threshold, console=metrics.console)
+    state.save_clock = SaveClock(cfg.checkpoint.interval_seconds)
+    state.ft = build_fault_tolerance(state.cfg, state)
     return state
 
 
@@ -149,7 +162,7 @@ def build_checkpointer(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, con
         ck,
         dump_folder=cfg.job.dump_folder,
         total_steps=cfg.training.steps,
-        info={"flavor": cfg.model.flavor, "layout": str(dims)},
+        info={"flavor": cfg.model.flavor, "layout": str(dims), "global_batch": global_batch(cfg, dims)},
         device=ctx.device,
         timeout_s=max(cfg.comm.init_timeout_seconds, cfg.comm.train_timeout_seconds),
         console=console,
@@ -252,19 +265,29 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step over gradient_accumulation_steps micro-steps; returns (mean local loss, grad norm)."""
     accum = state.cfg.training.gradient_accumulation_steps
     state.optimizer.zero_grad(set_to_none=True)
-    losses = []
+    losses, data = [], 0.0
+    if state.ft is not None:  # the quorum; a (re)joining group receives a live peer's state here
+        state.ft.start_step()
+    state.straggler.times.begin()  # the step's time parts (observability/straggler.py)
     for _ in range(accum):
         start = time.perf_counter()
         inputs, labels = state.loader.next_batch()  # host tensors: the time counted as data loading ends here
-        state.metrics.add_tokens(inputs.numel(), time.perf_counter() - start)
+        waited = time.perf_counter() - start
+        state.metrics.add_tokens(inputs.numel(), waited)
+        data += waited
         inputs, labels = to_device(inputs, state.ctx.device), to_device(labels, state.ctx.device)
         losses.append(forward_backward(state, inputs, labels, 1.0 / accum))
+    state.straggler.times.split(data)
     params = [p for part in state.model_parts for p in part.parameters()]
+    if state.ft is not None:  # the replicate dimension's all-reduce, over the live groups
+        state.ft.sync_gradients(params)
     grad_norm = clip_grad_norm_(params, state.cfg.training.max_norm, sub_mesh(state.mesh, "pp"))
     loss = torch.stack(losses).mean()
     if state.model_args.is_moe:  # expert-bias update from this step's global expert loads (train/moe_balance.py)
         meshes = sub_mesh(state.mesh, "dp_cp"), sub_mesh(state.mesh, "pp")
         state.moe_metrics = balance_experts(state.model_parts, *meshes, state.model_args.load_balance_coeff)
+    if state.ft is not None and not state.ft.should_commit():  # a replica failed: the step is retried
+        return loss, grad_norm
     if state.guard.should_skip(state.step, grad_norm, loss):  # the same decision on every rank (global norm)
         state.optimizer.zero_grad(set_to_none=True)
     else:
@@ -272,6 +295,7 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     if fsdp_float8_all_gather(state.cfg.quantize.dense.float8, fsdp=state.dims.fsdp_enabled):
         precompute_float8_scales(state.model_parts)  # one all-reduce now instead of one per weight per all-gather
     state.scheduler.step()
+    state.straggler.times.end()
     return loss, grad_norm
 
 
@@ -298,16 +322,25 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
     while state.step < cfg.training.steps:
         state.step += 1
         loss, grad_norm = train_step(state)
+        if state.ft is not None and state.ft.retry:
+            state.step -= 1
+            continue
         state.metrics.step_done(state.step, cfg.training.steps)
         if state.step == first_step:
             set_timeouts(state.mesh, cfg.comm.train_timeout_seconds)
+        logged: dict[str, Any] = {}
+        due = 0.0  # rank 0's wall-time save decision rides on the straggler gather of log steps (train/elastic.py)
+        if should_log(state.step, cfg):
+            logged, due = state.straggler.observe(state.step, state.save_clock.flag())
         if state.checkpointer is not None:  # before the yield: a consumer that stops here still has its checkpoint
-            state.checkpointer.maybe_save(states, state.step)
+            state.checkpointer.maybe_save(states, state.step, force=due > 0)
+            state.save_clock.after(state.step, cfg.checkpoint.interval, forced=due > 0)
         evaluation = validate(state, state.val_loader) if state.val_loader and should_validate(state.step, cfg) else {}
         if should_log(state.step, cfg) or evaluation:
             lr = float(state.scheduler.get_last_lr()[0])
             extra = state.pipeline.metrics() if state.pipeline is not None else {}  # bubble (collective)
             extra.update(state.moe_metrics)
+            extra.update(logged)
             yield state.metrics.log(state.step, global_mean(loss, state.mesh), grad_norm, lr, extra | evaluation)
         if profiler is not None:  # after logging and saving: a traced step shows all of its work
             profiler.step(state.step)
@@ -374,5 +407,7 @@ def run_job(state: TrainState) -> list[dict[str, Any]]:
         raise
     if state.checkpointer is not None:
         state.checkpointer.close()
+    if state.ft is not None:
+        state.ft.close()
     state.metrics.close()
     return records

@@ -1,0 +1,327 @@
+"""Fault-tolerant data-parallel replicas on torchft: each replica group (FSDP / TP inside it) is one replica of the
+replicate dimension of HSDP; torchft's Manager forms a quorum of the live groups through the Lighthouse every step,
+all-reduces the gradient shards across them (gloo on CPU) and live-recovers a (re)joining group from a healthy peer.
+
+Per step (train/loop.py calls these): ``start_step`` (the quorum; a recovering group receives the peer's model
+shards, optimizer state, lr-scheduler position, data-loader position and step here, before it reads a batch),
+``sync_gradients`` (one flat all-reduce of this rank's gradient shards over the quorum, averaged by the number of
+participants), ``should_commit`` (every rank of every live group agrees the step succeeded; if not, the step is
+retried with the same batch: the loader is rewound, the update discarded, the step number reused).
+
+Rank r of group g is paired with rank r of every other group (the same layout in each: checked in the quorum). The
+data is split over group_size x dp slots: group g's dp rank d reads slot g x dp + d, so the groups train different
+samples; all groups advance the global position together (a dead group's slot is skipped while it is down).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from meshforge.config.schema import JobConfig
+from meshforge.errors import ConfigError
+
+if TYPE_CHECKING:
+    from meshforge.train.loop import TrainState
+
+INSTALL = "pip install 'meshforge[ft]' (or pip install torchft==0.2.0)"
+
+
+def import_torchft() -> Any:
+    """torchft, or a one-line ConfigError with the install command."""
+    try:
+        import torchft
+    except ImportError:
+        raise ConfigError(f"fault_tolerance.enable = true needs the torchft package: {INSTALL}") from None
+    return torchft
+
+
+def replica_name(cfg: JobConfig, world_size: int) -> str:
+    """The id this group announces: its group size and replica id (torchft takes the trailing digits as the id)."""
+    return f"meshforge_w{world_size}_r{cfg.fault_tolerance.replica_id}"
+
+
+def num_groups(cfg: JobConfig) -> int:
+    """fault_tolerance.group_size, or local_replicas when it is 0, or 1."""
+    ft = cfg.fault_tolerance
+    return ft.group_size or ft.local_replicas or 1
+
+
+def data_shard(cfg: JobConfig, dp_rank: int, dp: int) -> tuple[int, int]:
+    """(dp rank, dp degree) of the data loader: group g's dp rank d reads slot g x dp + d of group_size x dp."""
+    if not cfg.fault_tolerance.enable:
+        return dp_rank, dp
+    return cfg.fault_tolerance.replica_id * dp + dp_rank, num_groups(cfg) * dp
+
+
+def check_lighthouse(address: str, timeout_s: float) -> None:
+    """Wait until something accepts a TCP connection at the Lighthouse's address; else one line naming it."""
+    url = urlparse(address if "://" in address else f"http://{address}")
+    host, port = url.hostname or "127.0.0.1", url.port or 29510
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, timeout_s)):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"fault_tolerance.lighthouse = {address!r}: nothing answers at {host}:{port} within "
+                    f"{timeout_s:g} s (comm.init_timeout_seconds); start one: meshforge ft lighthouse --port {port}"
+                ) from None
+            time.sleep(0.2)
+
+
+def check_quorum(replica_ids: list[str], mine: str, step: int) -> None:
+    """Refuse, before this group's first step, a quorum in which its replica id is taken or whose groups differ in
+    size (each id carries its group size)."""
+    if step > 1:
+        return
+    names = [r.split(":")[0] for r in replica_ids]
+    ids = [n.rsplit("_r", 1)[-1] for n in names]
+    sizes = sorted({n.split("_w", 1)[-1].split("_r", 1)[0] for n in names})
+    my_id = mine.rsplit("_r", 1)[-1]
+    if ids.count(my_id) > 1:
+        raise ConfigError(
+            f"fault_tolerance.replica_id = {my_id} is already used by a running replica group: give each group its "
+            f"own id in [0, fault_tolerance.group_size)"
+        )
+    if len(sizes) > 1:
+        raise ConfigError(
+            f"replica groups of different sizes ({' vs '.join(sizes)} ranks) joined the same Lighthouse: every group "
+            "must have the same layout (rank r of each group holds the same shards)"
+        )
+
+
+class _CheckedClient:
+    """The Manager's client with the quorum checked (``check_quorum``) as each result arrives."""
+
+    def __init__(self, client: Any, name: str, step: Any) -> None:
+        self._client, self._name, self._step = client, name, step
+
+    def _quorum(self, **kwargs: Any) -> Any:
+        result = self._client._quorum(**kwargs)
+        check_quorum(list(result.replica_ids), self._name, self._step())
+        return result
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._client, item)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@dataclass
+class FaultTolerance:
+    """torchft around one group's training state; built by ``build`` after the model and optimizer exist."""
+
+    cfg: JobConfig
+    state: TrainState
+    manager: Any = None
+    name: str = ""
+    retry: bool = False
+    said_waiting: bool = False
+    recovered: int | None = None
+    position: dict[str, int] = field(default_factory=dict)
+    log: Path | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def start(self) -> None:
+        torchft = import_torchft()
+        from torchft.process_group import ProcessGroupGloo
+
+        cfg, ctx = self.cfg, self.state.ctx
+        check_lighthouse(cfg.fault_tolerance.lighthouse, cfg.comm.init_timeout_seconds)
+        self.name = replica_name(cfg, ctx.world_size)
+        store = {} if dist.is_initialized() else self._own_store()
+        timeout = datetime.timedelta(seconds=cfg.comm.train_timeout_seconds)
+        self.manager = torchft.Manager(
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=self.load_state_dict,
+            state_dict=self.state_dict,
+            min_replica_size=cfg.fault_tolerance.min_replica_size,
+            use_async_quorum=False,  # heal at the start of the step, before the batch is read
+            init_sync=False,  # every group initialises the same weights from training.seed
+            timeout=timeout,
+            quorum_timeout=datetime.timedelta(seconds=cfg.comm.init_timeout_seconds),
+            connect_timeout=datetime.timedelta(seconds=cfg.comm.init_timeout_seconds),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            lighthouse_addr=cfg.fault_tolerance.lighthouse,
+            replica_id=self.name,
+            **store,
+        )
+        self.manager._client = _CheckedClient(self.manager._client, self.name, lambda: self.state.step)
+        if cfg.fault_tolerance.start_together:  # the first commit needs every group (then min_replica_size)
+            self.manager._min_replica_size = max(num_groups(cfg), cfg.fault_tolerance.min_replica_size)
+        self.log = Path(cfg.job.dump_folder) / f"ft_steps.rank{ctx.rank}.jsonl"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.log.write_text("")
+
+    def _own_store(self) -> dict[str, Any]:
+        """A one-rank group has no process group: the Manager still needs a store."""
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        return {"store_addr": "127.0.0.1", "store_port": self._store.port}
+
+    # -- the state a recovering group receives ----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.state
+        params = [local(p.detach()) for part in s.model_parts for p in part.parameters()]
+        optim = {
+            f"{i}.{k}": local(v) if isinstance(v, torch.Tensor) else v
+            for i, p in enumerate(p for part in s.model_parts for p in part.parameters())
+            for k, v in s.optimizer.state.get(p, {}).items()
+        }
+        return {
+            "params": params,
+            "optimizer": optim,
+            "lr_step": s.scheduler.last_epoch,
+            "loader": s.loader.state_dict(),
+            "step": s.step - 1,  # called at the start of step s.step: s.step - 1 are done
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        s = self.state
+        params = [p for part in s.model_parts for p in part.parameters()]
+        with torch.no_grad():
+            for p, value in zip(params, saved["params"], strict=True):
+                local(p).copy_(value)
+            for i, p in enumerate(params):
+                entries = {k.split(".", 1)[1]: v for k, v in saved["optimizer"].items() if k.split(".")[0] == str(i)}
+                if entries:
+                    s.optimizer.state[p] = {k: self._like(p, v) for k, v in entries.items()}
+        position = {"last_epoch": saved["lr_step"] - 1, "_step_count": saved["lr_step"] + 1}
+        s.scheduler.load_state_dict({**s.scheduler.state_dict(), **position})
+        s.scheduler.step()
+        s.loader.load_state_dict(saved["loader"])
+        self.recovered = int(saved["step"])
+
+    @staticmethod
+    def _like(p: torch.Tensor, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or value.shape == () or not isinstance(p, DTensor):
+            return value.clone() if isinstance(value, torch.Tensor) else value
+        out = torch.zeros_like(p)
+        local(out).copy_(value)
+        return out
+
+    # -- the step ---------------------------------------------------------------------------------------------
+
+    def start_step(self) -> None:
+        """The quorum (and a live recovery when this group is behind), before the step's first batch."""
+        self.retry, self.recovered = False, None
+        self.position = self.state.loader.state_dict()
+        began = time.perf_counter()
+        try:
+            self.manager.start_quorum()
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise SystemExit(self.lost(exc)) from None
+        if self.recovered is not None:
+            self.state.step = self.recovered + 1
+            if self.state.metrics.console:
+                print(
+                    f"meshforge: fault tolerance: replica {self.cfg.fault_tolerance.replica_id} recovered step "
+                    f"{self.recovered} (weights, optimizer, data position) from a live peer in "
+                    f"{time.perf_counter() - began:.2f} s; continuing at step {self.state.step}",
+                    flush=True,
+                )
+
+    def sync_gradients(self, params: Sequence[torch.Tensor]) -> None:
+        """Average this rank's gradient shards over the quorum's replicas: one flat all-reduce."""
+        grads = [local(p.grad) for p in params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.manager.allreduce(flat).wait()
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def should_commit(self) -> bool:
+        """True: step the optimizer. False: the step failed somewhere (a replica died): rewind and retry."""
+        waiting = self.manager._min_replica_size > self.cfg.fault_tolerance.min_replica_size
+        if self.manager.should_commit():
+            self.manager._min_replica_size = self.cfg.fault_tolerance.min_replica_size
+            self._record()
+            return True
+        self.state.optimizer.zero_grad(set_to_none=True)
+        self.state.loader.load_state_dict(self.position)
+        self.retry = True
+        if waiting:  # before the first commit: the other groups are still starting
+            if time.perf_counter() - self.started > self.cfg.comm.init_timeout_seconds:
+                raise SystemExit(
+                    f"meshforge: fault tolerance: no other replica group joined within comm.init_timeout_seconds = "
+                    f"{self.cfg.comm.init_timeout_seconds} (fault_tolerance.start_together waits for all "
+                    f"{num_groups(self.cfg)}); start the other groups, or set fault_tolerance.start_together = false"
+                )
+            time.sleep(0.2)
+        if self.state.metrics.console and not (waiting and self.said_waiting):
+            self.said_waiting = self.said_waiting or waiting
+            why = (
+                f"waiting for all {num_groups(self.cfg)} replica groups (fault_tolerance.start_together)"
+                if waiting
+                else "a replica left the quorum"
+            )
+            print(f"meshforge: fault tolerance: step {self.state.step} not committed ({why}); retrying it", flush=True)
+        return False
+
+    def _record(self) -> None:
+        assert self.log is not None
+        s = self.state
+        digest = hashlib.sha256()
+        for part in s.model_parts:
+            for p in part.parameters():
+                digest.update(local(p.detach()).contiguous().numpy().tobytes())
+        row = {
+            "step": s.step,
+            "t": time.time(),
+            "participants": self.manager.num_participants(),
+            "samples": s.loader.sample_positions(),
+            "params_before": digest.hexdigest()[:16],
+        }
+        with self.log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def lost(self, exc: Exception) -> str:
+        """The line a group that finds no quorum ends with: the last step and how to resume."""
+        step = self.state.step - 1
+        return (
+            f"meshforge: fault tolerance: no quorum at step {step + 1} ({type(exc).__name__}: {str(exc)[:200]}): "
+            f"every replica group is lost or the Lighthouse at {self.cfg.fault_tolerance.lighthouse} is gone. The last "
+            f"committed step is {step}; resume by relaunching the groups (with checkpoint.enable they continue from "
+            "the newest DCP checkpoint)"
+        )
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)
+
+
+def build(cfg: JobConfig, state: TrainState) -> FaultTolerance | None:
+    """The fault-tolerance wrapper of this group when fault_tolerance.enable, else None."""
+    if not cfg.fault_tolerance.enable:
+        return None
+    ft = FaultTolerance(cfg, state)
+    ft.start()
+    return ft
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,63 @@
+"""Fault tolerance's bad-input paths (train/fault_tolerance.py), without processes: torchft missing, an unreachable
+Lighthouse, a reused replica id or groups of different sizes, ids out of range; and the data split over groups."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from meshforge.config.io import load_config
+from meshforge.errors import ConfigError
+from meshforge.train import fault_tolerance as ft
+
+
+def test_missing_torchft_is_one_line_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchft", None)
+    with pytest.raises(ConfigError, match=r"pip install 'meshforge\[ft\]'"):
+        ft.import_torchft()
+
+
+def test_an_unreachable_lighthouse_is_named_within_the_init_timeout() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"127.0.0.1:{port} within 1 s \(comm.init_timeout_seconds\)"):
+        ft.check_lighthouse(f"http://127.0.0.1:{port}", 1.0)
+    assert time.monotonic() - start < 5
+
+
+def test_a_reused_replica_id_is_refused_before_the_first_step() -> None:
+    ids = ["meshforge_w2_r0:aaa", "meshforge_w2_r0:bbb"]
+    with pytest.raises(ConfigError, match="replica_id = 0 is already used"):
+        ft.check_quorum(ids, "meshforge_w2_r0", step=1)
+    ft.check_quorum(ids, "meshforge_w2_r0", step=5)  # a running group is not stopped by a newcomer's mistake
+    ft.check_quorum(["meshforge_w2_r0:a", "meshforge_w2_r1:b"], "meshforge_w2_r1", step=1)
+
+
+def test_groups_of_different_sizes_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"different sizes \(2 vs 4 ranks\)"):
+        ft.check_quorum(["meshforge_w2_r0:a", "meshforge_w4_r1:b"], "meshforge_w4_r1", step=1)
+
+
+def test_the_managers_quorum_is_checked_as_it_arrives() -> None:
+    fake = SimpleNamespace(_quorum=lambda **kw: SimpleNamespace(replica_ids=["meshforge_w2_r1:x", "meshforge_w2_r1:y"]))
+    client = ft._CheckedClient(fake, "meshforge_w2_r1", lambda: 1)
+    with pytest.raises(ConfigError):
+        client._quorum(group_rank=0)
+
+
+def test_replica_id_out_of_range_and_the_data_slots() -> None:
+    with pytest.raises(ConfigError, match=r"replica_id = 2 must be in \[0, fault_tolerance.group_size = 2\)"):
+        load_config(
+            None, ["--fault_tolerance.enable", "--fault_tolerance.group_size", "2", "--fault_tolerance.replica_id", "2"]
+        )
+    cfg = load_config(
+        None, ["--fault_tolerance.enable", "--fault_tolerance.group_size", "2", "--fault_tolerance.replica_id", "1"]
+    )
+    assert ft.data_shard(cfg, dp_rank=1, dp=2) == (3, 4)  # group 1's dp rank 1 reads slot 3 of 4
+    assert ft.data_shard(load_config(None, []), dp_rank=1, dp=2) == (1, 2)
