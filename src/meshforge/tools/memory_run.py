@@ -250,7 +250,6 @@ def format_memory(run: MemoryRun) -> str:
     lines = [f"exact peak memory of rank 0 (fake-tensor training step, {run.scaling()}):"]
     for key, value in sorted(run.by_category.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {key:<22} {value / GIB:>8.2f} GiB")
-    lines.append(f"  {'peak':<22} {run.peak_bytes / GIB:>8.2f} GiB (tensors only: CUDA context, NCCL, rounding not in it)")
+    lines.append(f"  {'peak':<22} {run.peak_bytes / GIB:>8.2f} GiB (tensors only: no CUDA context, NCCL, rounding)")
     lines += [f"note: {n}" for n in run.notes]
     return "\n".join(lines)
-
