@@ -19,7 +19,8 @@ from meshforge.tools.memory_run import MemoryRun, format_memory, memory_run
 def runnable(cfg: JobConfig, report: DryRun) -> tuple[JobConfig, list[str]]:
     """The config as the fake-tensor step runs it (module docstring) and the notes saying what changed."""
     notes = []
-    training = dataclasses.replace(cfg.training, mixed_precision_param=report_dtype(cfg, report))
+    dtype = report_dtype(cfg, report)
+    training = dataclasses.replace(cfg.training, mixed_precision_param=dtype)  # type: ignore[arg-type]
     cfg = dataclasses.replace(cfg, training=training)
     if cfg.compile.enable:
         notes.append("compile.enable: the memory step runs eager (compiled fusions change temporaries)")
