@@ -36,7 +36,9 @@ def test_fake_peak_equals_real_cpu_peak(world: int, overrides: list[str]) -> Non
     fake = fake_cpu_peak(cfg, world, args, dims)
     real = real_cpu_peak(cfg, world, args, dims)
     assert fake == real
-    assert fake["activations"] > 0 and fake["optimizer"] > 0
+    assert fake["activations"] > 0
+    # AdamW's two fp32 states per parameter (parameters also holds the rope buffer)
+    assert 1.5 * fake["parameters"] < fake["optimizer"] <= 2 * fake["parameters"]
 
 
 def test_extrapolate_is_affine_per_category() -> None:
