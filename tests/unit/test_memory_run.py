@@ -44,3 +44,16 @@ def test_fake_peak_equals_real_cpu_peak(world: int, overrides: list[str]) -> Non
 def test_extrapolate_is_affine_per_category() -> None:
     first, second = {"a": 10, "b": 5}, {"a": 13, "b": 5, "c": 2}
     assert extrapolate(first, second, 1, 2, 5) == {"a": 22, "b": 5, "c": 8}
+
+
+def test_cli_json_record(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from meshforge.cli import main as meshforge
+
+    argv = ["train", "--dry-run", "--memory", "--json", "--world-size", "4", "--model.flavor", "tiny"]
+    assert meshforge([*argv, "--training.seq_len", "64", "--training.local_batch_size", "2"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["peak_gib"] == pytest.approx(sum(record["by_category"].values()), abs=0.01)
+    assert record["probe_layers"] == [2, 3, 4] and "activations" in record["by_category"]
+    assert meshforge([*argv, "--parallelism.pipeline_parallel_degree", "2"]) == 2  # refused in one line
