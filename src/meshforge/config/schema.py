@@ -232,6 +232,9 @@ class ActivationCheckpoint:
     """none, full (recompute every block) or selective."""
     selective_ac_option: str = "op"
     """For mode=selective: 'op' (save matmul/attention outputs, recompute the rest) or N (every N-th block)."""
+    offload: bool = False
+    """Keep the tensors autograd saves for backward in host memory (pinned on CUDA), copied back in backward
+    (parallel/activation_offload.py); composes with every mode (it offloads what the mode saves)."""
 
     def validate(self) -> None:
         option = self.selective_ac_option

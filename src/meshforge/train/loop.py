@@ -35,6 +35,7 @@ from meshforge.observability.hang import HangGuard, enable_flight_recorder
 from meshforge.observability.logs import launcher_rank, rank_logging
 from meshforge.observability.metrics import MetricsLogger, logging_ranks
 from meshforge.observability.profiling import StepProfiler, check_window, profiling
+from meshforge.parallel.activation_offload import offload_context
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
@@ -234,7 +235,8 @@ def forward_backward(state: TrainState, inputs: torch.Tensor, labels: torch.Tens
     inputs, labels, positions = shard_batch(sub_mesh(state.mesh, "cp"), cp_impl, inputs, labels)
     if state.cfg.training.document_mask:  # in-document positions (context parallel is refused at set-up)
         positions = state.loader.positions().to(inputs.device)
-    with loss_parallel_context(state.dims.tp > 1 and not par.disable_loss_parallel):
+    offload = offload_context(state.cfg.activation_checkpoint.offload, state.ctx.device)
+    with loss_parallel_context(state.dims.tp > 1 and not par.disable_loss_parallel), offload:
         if state.pipeline is not None:  # the schedule runs forward, loss and backward of every microbatch
             with autocast_context(state):
                 return state.pipeline.step(inputs, labels, scale, positions)
