@@ -101,9 +101,13 @@ class Training:
     """Device type: auto picks cuda when available."""
     skip_nonfinite_steps: int = 0
     """Skip the update of up to this many steps whose loss or grad norm is NaN/Inf; the next one stops the run."""
+    loss_chunks: int = 1
+    """Output projection + cross-entropy over this many token chunks, each chunk's logits recomputed in backward
+    (the full tokens x vocab logits never exist; model/chunked_loss.py). 1: off."""
 
     def validate(self) -> None:
         _positive("training.local_batch_size", self.local_batch_size)
+        _positive("training.loss_chunks", self.loss_chunks)
         if self.skip_nonfinite_steps < 0:
             raise ConfigError(
                 f"training.skip_nonfinite_steps = {self.skip_nonfinite_steps} must be >= 0 (0: stop at the first)"
@@ -229,6 +233,9 @@ class ActivationCheckpoint:
     """none, full (recompute every block) or selective."""
     selective_ac_option: str = "op"
     """For mode=selective: 'op' (save matmul/attention outputs, recompute the rest) or N (every N-th block)."""
+    offload: bool = False
+    """Keep the tensors autograd saves for backward in host memory (pinned on CUDA), copied back in backward
+    (parallel/activation_offload.py); composes with every mode (it offloads what the mode saves)."""
 
     def validate(self) -> None:
         option = self.selective_ac_option

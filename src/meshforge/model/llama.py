@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshforge.errors import ConfigError
+from meshforge.model.chunked_loss import chunked_cross_entropy
 from meshforge.model.document_mask import DocumentMask, build_document_mask, masked_attention
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.moe import MoE
@@ -169,12 +170,17 @@ class Transformer(nn.Module):
         self.register_buffer("rope", rope_cache(args), persistent=False)
         self.document_mask = False
         """When set, (batch, seq) positions are in-document positions and attention stays within documents."""
+        self.loss_chunks = 1
+        """Token chunks of the loss computed in forward when labels are given (training.loss_chunks)."""
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """tokens: ids (batch, seq) on the first stage, hidden states (batch, seq, dim) after it.
 
         positions: the global position of each token (seq,) when the sequence is split (context parallel), or
         with ``document_mask`` each token's position in its document (batch, seq).
+        labels: with ``loss_chunks`` > 1 the loss is returned instead of the logits (model/chunked_loss.py).
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         seq = tokens.shape[1]  # from the input, not h: under sequence parallel h may be a local shard
@@ -183,6 +189,8 @@ class Transformer(nn.Module):
         for layer in self.layers.values():
             h = layer(h, rope) if mask is None else layer(h, rope, mask)
         h = self.norm(h) if self.norm is not None else h
+        if labels is not None and self.output is not None:  # inside forward: FSDP has the output weight unsharded
+            return chunked_cross_entropy(self.output, h, labels, self.loss_chunks)
         return self.output(h) if self.output is not None else h
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]

@@ -16,6 +16,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--nproc", type=int, default=0, help="start torchrun with this many local processes")
     parser.add_argument("--dry-run", action="store_true", help="validate and describe the layout without devices")
     parser.add_argument("--world-size", type=int, default=0, help="world size for --dry-run")
+    parser.add_argument("--memory", action="store_true", help="--dry-run: exact peak memory of a fake-tensor step")
+    parser.add_argument("--json", action="store_true", help="--dry-run --memory: also print one JSON record")
     return parser.parse_known_args(argv)
 
 
@@ -54,6 +56,10 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         from meshforge.tools.dry_run import dry_run
 
+        if args.memory:
+            from meshforge.tools.memory_cli import dry_run_memory
+
+            return dry_run_memory(cfg, args.world_size, as_json=args.json)
         return dry_run(cfg, args.world_size)
     if args.nproc and cfg.fault_tolerance.enable and cfg.fault_tolerance.local_replicas:
         from meshforge.train.ft_cli import launch_local_replicas

@@ -29,6 +29,7 @@ from meshforge.device.dtypes import DTYPES
 from meshforge.device.peak import device_peak_flops
 from meshforge.device.precision import resolve_param_dtype
 from meshforge.device.transfer import to_device
+from meshforge.model.chunked_loss import check_loss_chunks
 from meshforge.model.flavors import ModelArgs, flops_per_token, model_args_for
 from meshforge.model.llama import build_model, check_trainable
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
@@ -36,6 +37,7 @@ from meshforge.observability.logs import launcher_rank, rank_logging
 from meshforge.observability.metrics import MetricsLogger, logging_ranks
 from meshforge.observability.profiling import StepProfiler, check_window, profiling
 from meshforge.observability.straggler import StragglerDetector
+from meshforge.parallel.activation_offload import offload_context
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
@@ -94,6 +96,7 @@ def setup(cfg: JobConfig) -> TrainState:
     model_args = model_args_for(cfg, tokenizer.vocab_size)
     dims.validate_model(model_args, cfg.training.seq_len)
     check_trainable(model_args, dims.pp)
+    check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
     dims.validate_features(
         cfg.parallelism, device=ctx.device, compile_enabled=cfg.compile.enable, float8=cfg.quantize.dense.float8
     )
@@ -175,6 +178,7 @@ def build_model_parts(
     """The parallelized, initialised model, or under pipeline parallel this rank's stages and their schedule."""
     model = build_model(model_args)
     model.document_mask = cfg.training.document_mask
+    model.loss_chunks = cfg.training.loss_chunks
     parallelize_part = functools.partial(
         parallelize,
         dims=dims,
@@ -250,12 +254,14 @@ def forward_backward(state: TrainState, inputs: torch.Tensor, labels: torch.Tens
     inputs, labels, positions = shard_batch(sub_mesh(state.mesh, "cp"), cp_impl, inputs, labels)
     if state.cfg.training.document_mask:  # in-document positions (context parallel is refused at set-up)
         positions = state.loader.positions().to(inputs.device)
-    with loss_parallel_context(state.dims.tp > 1 and not par.disable_loss_parallel):
+    offload = offload_context(state.cfg.activation_checkpoint.offload, state.ctx.device)
+    with loss_parallel_context(state.dims.tp > 1 and not par.disable_loss_parallel), offload:
         if state.pipeline is not None:  # the schedule runs forward, loss and backward of every microbatch
             with autocast_context(state):
                 return state.pipeline.step(inputs, labels, scale, positions)
         with autocast_context(state):
-            loss = cross_entropy(model(inputs, positions), labels)
+            chunked = state.cfg.training.loss_chunks > 1  # the model returns the loss (model/chunked_loss.py)
+            loss = model(inputs, positions, labels) if chunked else cross_entropy(model(inputs, positions), labels)
         (loss * scale).backward()
     loss = loss.detach()
     return loss.full_tensor() if isinstance(loss, DTensor) else loss  # loss parallel: a replicated DTensor

@@ -1,0 +1,292 @@
+"""`meshforge train --dry-run --memory`: exact per-rank peak memory of a training step, without devices.
+
+The real step runs on fake tensors (``FakeTensorMode``: shapes, dtypes and storages, no bytes) as rank 0 of torch's
+fake process group: our model, our ``parallelize`` (TP + SP, CP, EP, AC, FSDP2 in the one order), loss parallel,
+AdamW: one whole step (which creates the optimizer states), then the forward and backward of a second step
+under the tracker. torch's memory tracker
+(``FSDPMemTracker`` under FSDP, ``MemTracker`` otherwise) attributes every live storage to a category at every
+operator; the peak is the instant of the largest total. On real CPU tensors the same tracker reports the same bytes
+(``tests/unit/test_memory_run.py`` checks it), so the figure is the tensor memory a device's caching allocator would
+be asked for; the CUDA context, NCCL buffers and allocator rounding are not in it.
+
+Scaling (stated in each record): the step runs with 2, 3 and 4 transformer blocks (``probe_layers``) and
+extrapolates each category linearly from 3 and 4 to the model's ``n_layers`` (blocks are identical, so every
+category is affine in the block count as long as the peak falls at the same phase; the 2-block probe checks it, and
+a note says when it fails). One block is not a probe: it has no next block whose all-gather FSDP prefetches. On 8B
+FSDP 8 the extrapolation equals the 32-block trace to the byte (docs/planner.md). Models of <= 4 blocks run whole.
+
+Conventions: the peak is that of forward + backward with parameters, gradients and optimizer states resident. The
+optimizer step itself is not tracked: on fake tensors its transients are over-counted (foreach kernels ~12x on
+debugmodel; even the for-loop step under TP keeps about one fp32 copy of the parameters too many), and on a device
+it runs after the activations are freed (params + grads + states + foreach temporaries of about one fp32 copy of the
+local parameters stays far below the backward peak on every layout here). Not covered: pipeline parallel (its
+schedule's in-flight micro-batches; ``meshforge plan`` models them) -- a PP config is refused in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshforge.config.schema import JobConfig
+from meshforge.errors import ConfigError
+from meshforge.model.chunked_loss import check_loss_chunks
+from meshforge.model.flavors import ModelArgs
+from meshforge.model.llama import build_model
+from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
+from meshforge.parallel.dims import ParallelDims, sub_mesh
+from meshforge.parallel.parallelize import parallelize
+from meshforge.parallel.tensor_parallel import loss_parallel_context
+
+GIB = 2**30
+# torch tracker category (value string) -> our category; activation categories start with "activations"
+CATEGORIES = {
+    "Sharded Param": "parameters",
+    "Parameter": "parameters",
+    "Buffer": "parameters",
+    "Unsharded Param": "parameters_unsharded",
+    "Sharded Grad": "gradients",
+    "Gradient": "gradients",
+    "Unsharded Grad": "gradients_unsharded",
+    "OptState": "optimizer",
+    "Optstate": "optimizer",
+    "Activation": "activations",
+    "Inputs": "activations_inputs",
+    "All Gather": "all_gather",
+    "Reduce Scatter": "reduce_scatter",
+    "Temp": "temporaries",
+    "Other": "temporaries",
+}
+FULL_RUN_LAYERS = 4  # models with at most this many blocks run whole
+
+
+@dataclass
+class MemoryRun:
+    """Peak tensor bytes of rank 0 (the busiest: coordinate 0 holds the padding rows) by category."""
+
+    layers: int
+    probes: tuple[int, ...]
+    by_category: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.by_category.values())
+
+    def record(self) -> dict[str, Any]:
+        """The --json record: ``peak_gib`` and ``by_category`` in GiB."""
+        return {
+            "peak_gib": round(self.peak_bytes / GIB, 3),
+            "by_category": {k: round(v / GIB, 3) for k, v in sorted(self.by_category.items())},
+            "layers": self.layers,
+            "probe_layers": list(self.probes),
+            "scaling": self.scaling(),
+        }
+
+    def scaling(self) -> str:
+        if len(self.probes) == 1:
+            return f"all {self.layers} blocks traced"
+        *_, n1, n2 = self.probes
+        return (
+            f"traced {', '.join(map(str, self.probes))} blocks, each category extrapolated linearly from {n1} and {n2} "
+            f"to {self.layers}"
+        )
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """train/loop.py's loss (tools sit below train): mean token cross-entropy in float32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def categorize(snapshot: dict[Any, int]) -> dict[str, int]:
+    """A tracker snapshot of one device -> bytes per our category (the total key dropped)."""
+    out: dict[str, int] = {}
+    for key, value in snapshot.items():
+        name = getattr(key, "value", key)
+        if name == "Total":
+            continue
+        category = CATEGORIES[name]
+        out[category] = out.get(category, 0) + value
+    return out
+
+
+def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    """FSDPMemTracker for an FSDP root (it sees all-gather / reduce-scatter buffers), MemTracker otherwise."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return FSDPMemTracker(model, optimizer)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    return tracker
+
+
+def build_step_model(cfg: JobConfig, dims: ParallelDims, mesh: Any, args: ModelArgs) -> nn.Module:
+    """The model parallelized as training does it (tools/dry_run.py's options), on the meta device (FSDP2's TP
+    sharding spec cannot run on fake tensors)."""
+    from meshforge.tools.dry_run import meta_parallelism
+
+    model = build_model(args)
+    parallelize(
+        model,
+        dims,
+        mesh,
+        parallelism=meta_parallelism(cfg.parallelism),
+        training=cfg.training,
+        ac=cfg.activation_checkpoint,
+        compile_cfg=cfg.compile,
+        float8=cfg.quantize.dense.float8,
+        expert_mesh=dims.build_expert_mesh(mesh),
+    )
+    return model
+
+
+def build_adamw(model: nn.Module, cfg: JobConfig) -> torch.optim.Optimizer:
+    """train/optim.py's AdamW hyperparameters, for-loop implementation (module docstring)."""
+    o = cfg.optimizer
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, foreach=False
+    )
+
+
+@contextlib.contextmanager
+def fake_tensors() -> Iterator[None]:
+    """FakeTensorMode for the step, with DTensor's sharding propagation kept out of the tracker's view.
+
+    DTensor derives output metadata by running each op on global-shape fake tensors in ``detect_fake_mode() or
+    FakeTensorMode()``; on real tensors that is a fresh mode above the tracker (invisible to it), under our fake mode
+    it is ours, below the tracker, which then counts global-shape transients (two full-vocab fp32 logits under loss
+    parallel: +15.7 GiB on 70B TP 8). A fresh mode there restores what a real run does (test_memory_run checks it)."""
+    from unittest import mock
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import _sharding_prop
+
+    with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(_sharding_prop, "detect_fake_mode", _no_mode):
+        yield
+
+
+def _no_mode(*_args: object) -> None:
+    return None
+
+
+def tracked_steps(
+    cfg: JobConfig, model: nn.Module, mesh: Any, args: ModelArgs, *, init: bool = False
+) -> dict[str, int]:
+    """Materialize ``model`` on the current device context (fake or real CPU), run one training step (which
+    creates the optimizer states), then the forward and backward of a second one under the tracker: the peak of
+    that second step by category. ``init``: initialise the weights (real tensors only)."""
+    model.to_empty(device="cpu")
+    if init:
+        model.init_weights(cfg.training.seed)  # type: ignore[operator]
+    optimizer = build_adamw(model, cfg)
+    batch, seq = cfg.training.local_batch_size, cfg.training.seq_len
+    generator = torch.Generator().manual_seed(0) if init else None
+    inputs = torch.randint(0, args.vocab_size, (batch, seq), generator=generator)
+    labels = torch.randint(0, args.vocab_size, (batch, seq), generator=generator)
+    cp_impl = resolve_cp_impl(cfg.parallelism.context_parallel_impl, "cpu")
+    inputs, labels, positions = shard_batch(sub_mesh(mesh, "cp"), cp_impl, inputs, labels)
+    loss_parallel = sub_mesh(mesh, "tp") is not None and not cfg.parallelism.disable_loss_parallel
+
+    chunked = cfg.training.loss_chunks > 1
+    model.loss_chunks = cfg.training.loss_chunks  # type: ignore[assignment]
+
+    def forward_backward() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with loss_parallel_context(loss_parallel):
+            loss = model(inputs, positions, labels) if chunked else cross_entropy(model(inputs, positions), labels)
+            loss.backward()
+
+    forward_backward()
+    optimizer.step()
+    tracker = build_tracker(model, optimizer)
+    if hasattr(tracker, "track_inputs"):  # FSDPMemTracker; MemTracker counts them as "Other" when first seen
+        tracker.track_inputs((inputs, labels))
+    with tracker:
+        forward_backward()
+    snapshot = tracker.get_tracker_snapshot("peak")
+    assert len(snapshot) == 1, f"one device expected, tracker saw {list(snapshot)}"
+    return categorize(next(iter(snapshot.values())))
+
+
+def probe_layers(n_layers: int) -> tuple[int, ...]:
+    """The block counts traced (module docstring)."""
+    return (n_layers,) if n_layers <= FULL_RUN_LAYERS else (2, 3, 4)
+
+
+def extrapolate(first: dict[str, int], second: dict[str, int], n1: int, n2: int, n: int) -> dict[str, int]:
+    """Each category affine in the block count through (n1, first) and (n2, second), at n."""
+    keys = sorted(set(first) | set(second))
+    out = {}
+    for key in keys:
+        a, b = first.get(key, 0), second.get(key, 0)
+        out[key] = max(0, b + (b - a) * (n - n2) // (n2 - n1))
+    return out
+
+
+def memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelDims) -> MemoryRun:
+    """Rank 0's peak by category for ``cfg`` on ``world_size`` ranks (fake tensors, fake process group)."""
+    from meshforge.tools.dry_run import fake_world
+
+    if dims.pp > 1:
+        raise ConfigError(
+            f"--dry-run --memory: pipeline_parallel_degree = {dims.pp} is not covered by the fake-tensor step yet "
+            "(the schedule's in-flight micro-batches); run it with pipeline_parallel_degree 1 or use `meshforge plan`"
+        )
+    check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
+    probes = probe_layers(args.n_layers)
+    peaks = []
+    for n in probes:
+        probe_args = dataclasses.replace(args, n_layers=n)
+        with fake_world(world_size):
+            mesh = dims.build_mesh("cpu")
+            model = build_step_model(cfg, dims, mesh, probe_args)
+            with fake_tensors():
+                peaks.append(tracked_steps(cfg, model, mesh, probe_args))
+    if len(probes) == 1:
+        return MemoryRun(args.n_layers, probes, peaks[0])
+    by_category = extrapolate(peaks[1], peaks[2], probes[1], probes[2], args.n_layers)
+    run = MemoryRun(args.n_layers, probes, by_category)
+    if extrapolate(peaks[0], peaks[1], probes[0], probes[1], probes[2]) != peaks[2]:
+        run.notes.append(f"the {probes} block probes are not affine in the block count: the scaling is approximate")
+    return run
+
+
+def real_cpu_peak(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelDims) -> dict[str, int]:
+    """The same tracked step on real CPU tensors (small models only): the check that fake bytes are real bytes."""
+    from meshforge.tools.dry_run import fake_world
+
+    with fake_world(world_size):
+        mesh = dims.build_mesh("cpu")
+        return tracked_steps(cfg, build_step_model(cfg, dims, mesh, args), mesh, args, init=True)
+
+
+def fake_cpu_peak(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelDims) -> dict[str, int]:
+    """All blocks of ``args`` traced once on fake tensors (no scaling)."""
+    from meshforge.tools.dry_run import fake_world
+
+    with fake_world(world_size):
+        mesh = dims.build_mesh("cpu")
+        model = build_step_model(cfg, dims, mesh, args)
+        with fake_tensors():
+            return tracked_steps(cfg, model, mesh, args)
+
+
+def format_memory(run: MemoryRun) -> str:
+    """The printed breakdown."""
+    lines = [f"exact peak memory of rank 0 (fake-tensor training step, {run.scaling()}):"]
+    for key, value in sorted(run.by_category.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {key:<22} {value / GIB:>8.2f} GiB")
+    lines.append(f"  {'peak':<22} {run.peak_bytes / GIB:>8.2f} GiB (tensors only: no CUDA context, NCCL, rounding)")
+    lines += [f"note: {n}" for n in run.notes]
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""The fake-tensor memory run (tools/memory_run.py): fake bytes equal real CPU bytes; scaling; the CLI record."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from meshforge.config.io import load_config
+from meshforge.config.schema import JobConfig
+from meshforge.model.hf_config import resolve_model_args
+from meshforge.parallel.dims import ParallelDims
+from meshforge.tools.memory_run import extrapolate, fake_cpu_peak, real_cpu_peak
+
+
+def small(overrides: list[str]) -> JobConfig:
+    base = ["--model.flavor", "tiny", "--training.seq_len", "64", "--training.local_batch_size", "2"]
+    base += ["--training.mixed_precision_param", "bfloat16"]
+    return load_config(None, [*base, *overrides])
+
+
+@pytest.mark.parametrize(
+    ("world", "overrides"),
+    [
+        (8, ["--activation_checkpoint.mode", "selective"]),
+        (4, ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "full"]),
+        (2, ["--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "256"]),
+        (4, ["--parallelism.context_parallel_degree", "2", "--activation_checkpoint.mode", "none"]),
+    ],
+    ids=["fsdp8-selective", "fsdp2-tp2-full", "tp2-loss-parallel-peak", "fsdp2-cp2-none"],
+)
+def test_fake_peak_equals_real_cpu_peak(world: int, overrides: list[str]) -> None:
+    cfg = small(overrides)
+    args = dataclasses.replace(resolve_model_args(cfg.model, cfg.training.seq_len), n_layers=2)
+    dims = ParallelDims.from_config(cfg.parallelism, world)
+    fake = fake_cpu_peak(cfg, world, args, dims)
+    real = real_cpu_peak(cfg, world, args, dims)
+    assert fake == real
+    assert fake["activations"] > 0
+    # AdamW's two fp32 states per parameter (parameters also holds the rope buffer)
+    assert 1.5 * fake["parameters"] < fake["optimizer"] <= 2 * fake["parameters"]
+
+
+def test_extrapolate_is_affine_per_category() -> None:
+    first, second = {"a": 10, "b": 5}, {"a": 13, "b": 5, "c": 2}
+    assert extrapolate(first, second, 1, 2, 5) == {"a": 22, "b": 5, "c": 8}
+
+
+def test_cli_json_record(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from meshforge.cli import main as meshforge
+
+    argv = ["train", "--dry-run", "--memory", "--json", "--world-size", "4", "--model.flavor", "tiny"]
+    assert meshforge([*argv, "--training.seq_len", "64", "--training.local_batch_size", "2"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["peak_gib"] == pytest.approx(sum(record["by_category"].values()), abs=0.01)
+    assert record["probe_layers"] == [2, 3, 4] and "activations" in record["by_category"]
+    assert meshforge([*argv, "--parallelism.pipeline_parallel_degree", "2"]) == 2  # refused in one line
