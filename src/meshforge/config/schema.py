@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from meshforge.config.data import Data
 from meshforge.config.fault_tolerance import FaultTolerance
 from meshforge.errors import ConfigError
 
@@ -389,20 +390,6 @@ class Validation:
         _positive("validation.steps", self.steps)
         if self.local_batch_size == 0 or self.local_batch_size < -1:
             raise ConfigError(f"validation.local_batch_size = {self.local_batch_size} must be >= 1 or -1")
-
-
-@dataclass
-class Data:
-    """Reading prepared token shards (`meshforge data prepare`)."""
-
-    max_open_shards: int = 32
-    """Memory maps of shards (and as many of their .idx) kept open per split; more are closed least recently used."""
-    verify: Literal["cheap", "full"] = "cheap"
-    """At start-up check every shard: cheap (sizes, .idx headers and ends) or full (also every sha256)."""
-
-    def validate(self) -> None:
-        if self.max_open_shards < 2:
-            raise ConfigError(f"data.max_open_shards = {self.max_open_shards} must be >= 2")
 
 
 @dataclass
