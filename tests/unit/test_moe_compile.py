@@ -6,8 +6,8 @@ from __future__ import annotations
 import types
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from test_moe import SMALL, materialised
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from meshforge.config.schema import ActivationCheckpoint, Compile
 from meshforge.model.moe import expert_counts, grouped_mm_supported, moe_layers

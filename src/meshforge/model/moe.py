@@ -60,8 +60,9 @@ class Router(nn.Module):
 
 
 def grouped_mm_supported(x: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """Whether ``torch._grouped_mm`` runs for these operands: CUDA sm80+ in bf16 (torch runs it on A100s too); CPU (torch 2.13) in fp32 or bf16
-    when every contracting dim is 16-byte aligned; never for fp32 under torch.compile (the meta kernel wants bf16)."""
+    """Whether ``torch._grouped_mm`` runs for these operands: CUDA sm80+ in bf16 (A100s too); CPU (torch 2.13) in
+    fp32 or bf16 when every contracting dim is 16-byte aligned; never for fp32 under torch.compile (the meta
+    kernel wants bf16)."""
     if not hasattr(torch, "_grouped_mm") or any(w.dtype != x.dtype for w in weights):
         return False
     if x.device.type == "cuda":
