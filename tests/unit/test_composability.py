@@ -51,3 +51,15 @@ def test_validate_features_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_counts_cover_every_cell() -> None:
     assert sum(table.counts().values()) == len(table.PARALLELISMS) * len(table.FEATURES)
+
+
+def test_bench_matrix_cannot_name_a_refused_combination() -> None:
+    import tomllib
+
+    from meshforge.bench.matrix import parse_matrix
+
+    tree = tomllib.loads((ROOT / "configs" / "bench" / "default.toml").read_text())
+    parse_matrix(tree)  # the shipped preset names no refused cell
+    tree["bench"]["ac_mode"] = "selective"  # per-op by default: refused with the zero-bubble run
+    with pytest.raises(ConfigError, match="pp_zbv.*selective_ac_option = 2"):
+        parse_matrix(tree)

@@ -138,6 +138,12 @@ def active_parallelisms(
     return [r for r in rows if r in PARALLELISMS]
 
 
+def active_features(*, ac_mode: str, ac_option: str, compile_enabled: bool, float8_recipe: str = "") -> list[str]:
+    """The table's feature columns for an AC mode / option, compile and a Float8 recipe ("" = off)."""
+    ac = {"none": "ac_none", "full": "ac_full"}.get(ac_mode, "ac_selective_op" if ac_option == "op" else "ac_every_n")
+    return [ac] + (["compile"] if compile_enabled else []) + ([f"float8_{float8_recipe}"] if float8_recipe else [])
+
+
 def counts() -> dict[str, int]:
     """How many cells have each status."""
     out = {"parity-tested": 0, "runs": 0, "refused": 0, "untested": 0}
