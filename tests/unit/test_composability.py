@@ -61,5 +61,5 @@ def test_bench_matrix_cannot_name_a_refused_combination() -> None:
     tree = tomllib.loads((ROOT / "configs" / "bench" / "default.toml").read_text())
     parse_matrix(tree)  # the shipped preset names no refused cell
     tree["bench"]["ac_mode"] = "selective"  # per-op by default: refused with the zero-bubble run
-    with pytest.raises(ConfigError, match="pp_zbv.*selective_ac_option = 2"):
+    with pytest.raises(ConfigError, match=r"pp_zbv.*selective_ac_option = 2"):
         parse_matrix(tree)
