@@ -63,3 +63,14 @@ def test_bench_matrix_cannot_name_a_refused_combination() -> None:
     tree["bench"]["ac_mode"] = "selective"  # per-op by default: refused with the zero-bubble run
     with pytest.raises(ConfigError, match=r"pp_zbv.*selective_ac_option = 2"):
         parse_matrix(tree)
+
+
+def test_planner_layout_check_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meshforge.model.flavors import get_flavor
+    from meshforge.plan.layout import Layout, check_layout
+
+    layout = Layout(flavor="debugmodel", seq_len=64, local_batch_size=8, dp_shard=2, compile=True)
+    check_layout(layout, get_flavor("debugmodel"))
+    monkeypatch.setitem(table.CELLS, ("fsdp", "compile"), table.Cell("refused", "planted", "compile.enable = false"))
+    with pytest.raises(ConfigError, match="planted"):
+        check_layout(layout, get_flavor("debugmodel"))
