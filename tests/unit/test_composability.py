@@ -74,3 +74,13 @@ def test_planner_layout_check_reads_the_table(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setitem(table.CELLS, ("fsdp", "compile"), table.Cell("refused", "planted", "compile.enable = false"))
     with pytest.raises(ConfigError, match="planted"):
         check_layout(layout, get_flavor("debugmodel"))
+
+
+def test_float8_on_cpu_without_emulation_warns_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    from meshforge.parallel.float8 import check_float8_support
+
+    check_float8_support(Float8(enable=True), torch.device("cpu"))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--quantize.dense.float8.emulate" in err
+    check_float8_support(Float8(enable=True, emulate=True), torch.device("cpu"))  # an explicit choice stays quiet
+    assert capsys.readouterr().err == ""
