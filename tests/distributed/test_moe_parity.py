@@ -105,3 +105,25 @@ def test_fsdp2_cp2_ep4_matches_single_process() -> None:
             ],
         )
     )
+
+
+def test_dp2_tp2_ep2_under_default_selective_ac_matches_single_process() -> None:
+    # issue 28: the default per-op selective AC crashed in backward (FSDP's profiler markers on the experts differ
+    # between the forward and the recompute: "_record_function_enter_new ... invocation index 3 not found")
+    check(
+        moe_run(
+            4,
+            [
+                "--training.local_batch_size",
+                "4",
+                "--parallelism.data_parallel_shard_degree",
+                "2",
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--parallelism.expert_parallel_degree",
+                "2",
+                "--activation_checkpoint.mode",
+                "selective",
+            ],
+        )
+    )

@@ -20,11 +20,13 @@ import json
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from meshforge.bench.reference import figure
 from meshforge.errors import ConfigError
 from meshforge.model.flavors import get_flavor
+from meshforge.parallel import composability
 
 DTYPES = ("float32", "bfloat16")
 GROUPS = ("strategy", "scaling", "context", "extra")
@@ -368,9 +370,39 @@ def validate_run(matrix: BenchMatrix, run: BenchRun) -> None:
         )
     if run.reference:
         figure(run.reference)
+    check_composable(matrix, run)
     share = run.dp * run.gradient_accumulation_steps
     if matrix.global_batch_of(run) % share:
         raise ConfigError(
             f"{where}: global_batch_size = {matrix.global_batch_of(run)} is not divisible by dp {run.dp} x "
             f"gradient accumulation {run.gradient_accumulation_steps}; every run must train the same global batch"
         )
+
+
+def check_composable(matrix: BenchMatrix, run: BenchRun) -> None:
+    """A run the composability table refuses is a matrix error, not a crashed run (parallel/composability.py)."""
+    keys = {**matrix.overrides, **run.overrides}
+    rows = composability.active_parallelisms(
+        SimpleNamespace(
+            disable_loss_parallel=keys.get("parallelism.disable_loss_parallel", False),
+            enable_async_tensor_parallel=run.async_tp,
+            pipeline_parallel_schedule=run.schedule,
+            pipeline_parallel_schedule_csv=keys.get("parallelism.pipeline_parallel_schedule_csv", ""),
+        ),
+        dp_replicate=run.dp_replicate,
+        dp_shard=run.resolved_dp_shard,
+        tp=run.tp,
+        pp=run.pp,
+        cp=run.cp,
+        ep=int(keys.get("parallelism.expert_parallel_degree", 1)),
+        cp_impl=str(keys.get("parallelism.context_parallel_impl", "auto")),
+    )
+    features = composability.active_features(
+        ac_mode=run.ac_mode or matrix.ac_mode,
+        ac_option=str(keys.get("activation_checkpoint.selective_ac_option", "op")),
+        compile_enabled=run.compile,
+        float8_recipe=str(keys.get("quantize.dense.float8.recipe_name", "tensorwise")) if run.float8 else "",
+    )
+    error = composability.refusal(rows, features)
+    if error is not None:
+        raise ConfigError(f"run {run.name!r}: {error}")

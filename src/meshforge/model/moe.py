@@ -60,12 +60,13 @@ class Router(nn.Module):
 
 
 def grouped_mm_supported(x: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """Whether ``torch._grouped_mm`` runs for these operands: CUDA sm90+ in bf16; CPU (torch 2.13) in fp32 or bf16
-    when every contracting dim is 16-byte aligned; never for fp32 under torch.compile (the meta kernel wants bf16)."""
+    """Whether ``torch._grouped_mm`` runs for these operands: CUDA sm80+ in bf16 (A100s too); CPU (torch 2.13) in
+    fp32 or bf16 when every contracting dim is 16-byte aligned; never for fp32 under torch.compile (the meta
+    kernel wants bf16)."""
     if not hasattr(torch, "_grouped_mm") or any(w.dtype != x.dtype for w in weights):
         return False
     if x.device.type == "cuda":
-        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
         return False
     if x.dtype == torch.float32 and torch.compiler.is_compiling():
@@ -146,6 +147,22 @@ def _local(w: torch.Tensor) -> torch.Tensor:
 Dispatch = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def expert_counts(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Routed token copies per expert, (n_experts,) int64, computed on the device without a host read (unlike
+    ``torch.bincount``, whose output size depends on the data, so it syncs and dynamo cannot trace it)."""
+    flat = indices.flatten()
+    return torch.zeros(n_experts, dtype=torch.int64, device=flat.device).scatter_add(0, flat, torch.ones_like(flat))
+
+
+def _in_backward() -> bool:
+    """Whether this forward is an activation-checkpoint recompute inside backward (its tokens were counted once).
+    Under torch.compile the recompute is part of the compiled backward graph, which replays no buffer update, and
+    the graph-task query is untraceable (dynamo: "Unsupported torch.* op returned non-Tensor"), so: never."""
+    if torch.compiler.is_compiling():
+        return False
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
 class MoE(nn.Module):
     """x (batch, seq, dim) -> (batch, seq, dim): shared experts + gate-weighted sum of the top-k routed experts."""
 
@@ -177,9 +194,8 @@ class MoE(nn.Module):
         batch, seq, dim = x.shape
         tokens = x.reshape(-1, dim)  # (tokens, dim)
         top, indices, scores = self.router(tokens, self.expert_bias)
-        counts = torch.bincount(indices.flatten(), minlength=self.n_experts)  # (experts,)
-        # not an activation-checkpoint recompute inside backward, nor a forward on placeholders
-        if self.count_loads and torch._C._current_graph_task_id() == -1:
+        counts = expert_counts(indices, self.n_experts)  # (experts,)
+        if self.count_loads and not _in_backward():
             with torch.no_grad():
                 self.tokens_per_expert += counts.to(self.tokens_per_expert.dtype)
         order = torch.argsort(indices.flatten(), stable=True)  # token copies grouped by expert

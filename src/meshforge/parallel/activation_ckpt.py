@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils import checkpoint as torch_checkpoint
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from meshforge.config.schema import ActivationCheckpoint
@@ -26,6 +27,24 @@ _SAVE_OPS = {
     torch.ops.aten._scaled_mm.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
 }
+
+
+# Profiler markers are no computation, but per-op SAC counts them like ops and requires the recompute to replay the
+# forward's exact sequence. FSDP's hooks on a module nested in a block (the routed experts under EP) emit a different
+# sequence in the recompute: the first FSDP module to run there takes the root pre-forward ("FSDP::root_pre_forward")
+# because the root's forward state was reset after the forward. Left counted, EP x TP crashed in backward with
+# "profiler._record_function_enter_new.default invocation index 3 ... not found in storage" (issue 28).
+PROFILER_OPS = (
+    torch.ops.profiler._record_function_enter.default,
+    torch.ops.profiler._record_function_enter_new.default,
+    torch.ops.profiler._record_function_exit.default,
+    torch.ops.profiler._record_function_exit._RecordFunction,
+)
+
+
+def ignore_profiler_ops_in_sac() -> None:
+    """Let per-op selective AC pass profiler markers through uncounted (idempotent; torch's own ignore set)."""
+    torch_checkpoint.SAC_IGNORED_OPS.update(PROFILER_OPS)
 
 
 def _op_contexts() -> tuple[object, object]:
@@ -49,6 +68,7 @@ def wrap_block(block: nn.Module, cfg: ActivationCheckpoint, index: int) -> nn.Mo
     if cfg.mode == "full":
         return checkpoint_wrapper(block, preserve_rng_state=False)
     if cfg.mode == "selective" and cfg.selective_ac_option == "op":
+        ignore_profiler_ops_in_sac()
         context_fn: Callable[[], tuple[object, object]] = _op_contexts
         return checkpoint_wrapper(block, context_fn=context_fn, preserve_rng_state=False)
     if cfg.mode == "selective" and index % int(cfg.selective_ac_option) == 0:

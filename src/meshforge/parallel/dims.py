@@ -181,6 +181,27 @@ class ParallelDims:
             check_cp_impl(parallelism.context_parallel_impl, device.type, compile_enabled=compile_enabled)
         check_ep_compile(self.ep, compile_enabled)
         check_float8_support(float8, device)
+        self.check_composability(parallelism, compile_enabled=compile_enabled, float8=float8)
+
+    def check_composability(self, parallelism: Parallelism, *, compile_enabled: bool, float8: Float8) -> None:
+        """The composability table's refusals for this layout's compile / Float8 (parallel/composability.py)."""
+        from meshforge.parallel import composability
+
+        features = (["compile"] if compile_enabled else []) + (
+            [f"float8_{float8.recipe_name}"] if float8.enable else []
+        )
+        cp_impl = parallelism.context_parallel_impl
+        rows = composability.active_parallelisms(
+            parallelism,
+            dp_replicate=self.dp_replicate,
+            dp_shard=self.dp_shard,
+            tp=self.tp,
+            pp=self.pp,
+            cp=self.cp,
+            ep=self.ep,
+            cp_impl=cp_impl,
+        )
+        composability.check(rows, features)
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
         """The named DeviceMesh over the axes of size > 1 (None for a single process), with the flattened axes."""

@@ -17,6 +17,8 @@ MFU is not reported for Float8 runs (the peak FLOP/s would be that of Float8, no
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from typing import Any
 
 import torch
@@ -45,8 +47,18 @@ def torchao(module: str = "torchao.float8") -> Any:
     return optional_import(module, "quantize.dense.float8.enable = true (Float8)", torchao_install(torch.__version__))
 
 
+CPU_FLOAT8_WARNING = (
+    "meshforge: warning: quantize.dense.float8.enable on a CPU runs torch._scaled_mm's reference kernel (orders of "
+    "magnitude slower); add --quantize.dense.float8.emulate for emulated Float8 matmuls"
+)
+
+
 def check_float8_support(cfg: Float8, device: torch.device) -> None:
-    """ValueError when Float8 is asked for on a GPU without Float8 matmuls (compute capability < 8.9)."""
+    """ValueError when Float8 is asked for on a GPU without Float8 matmuls (compute capability < 8.9); a one-line
+    warning when real Float8 matmuls would run on a CPU (``torch._scaled_mm`` there is a reference kernel: a debug
+    model's step takes minutes instead of a second)."""
+    if cfg.enable and device.type == "cpu" and not cfg.emulate and os.environ.get("RANK", "0") == "0":
+        print(CPU_FLOAT8_WARNING, file=sys.stderr, flush=True)
     if not cfg.enable or device.type != "cuda" or cfg.emulate:
         return
     capability = torch.cuda.get_device_capability(device)

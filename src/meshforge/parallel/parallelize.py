@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from meshforge.config.schema import ActivationCheckpoint, Compile, Float8, Parallelism, Training
 from meshforge.errors import ConfigError
+from meshforge.model.moe import moe_layers
 from meshforge.parallel.activation_ckpt import apply_ac
 from meshforge.parallel.context_parallel import apply_cp, resolve_cp_impl
 from meshforge.parallel.dims import ParallelDims, sub_mesh
@@ -43,6 +44,11 @@ def check_compile_backend(backend: str) -> None:
 def apply_compile(model: nn.Module, cfg: Compile) -> None:
     """torch.compile each transformer block (identical blocks share one compiled graph)."""
     check_compile_backend(cfg.backend)
+    if moe_layers(model):
+        # an MoE layer counts its routed tokens in place (a buffer the balancer reads); inside a checkpointed block
+        # dynamo refuses that side effect unless told the recompute must not replay it, which is the intent
+        # (eager AC skips it by the graph-task check in model/moe.py)
+        torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     layers: nn.ModuleDict = model.layers  # type: ignore[assignment]
     for name, block in list(layers.items()):
         layers[name] = torch.compile(block, backend=cfg.backend, fullgraph=True)  # type: ignore[assignment]

@@ -256,6 +256,39 @@ def check_layout(layout: Layout, args: ModelArgs) -> None:
         check_pipeline(layout, args)
     if layout.impl not in IMPLEMENTATIONS:
         raise ConfigError(f"--impl {layout.impl!r} is unknown; choose {', '.join(IMPLEMENTATIONS)}")
+    if layout.impl == "meshforge":
+        check_composable(layout)
+
+
+def check_composable(layout: Layout) -> None:
+    """The composability table's refusals (parallel/composability.py): --search never proposes a refused cell."""
+    from types import SimpleNamespace
+
+    from meshforge.parallel import composability
+
+    section = SimpleNamespace(
+        disable_loss_parallel=False,
+        enable_async_tensor_parallel=layout.async_tp,
+        pipeline_parallel_schedule=layout.schedule,
+        pipeline_parallel_schedule_csv="",
+    )
+    rows = composability.active_parallelisms(
+        section,
+        dp_replicate=layout.dp_replicate,
+        dp_shard=layout.dp_shard,
+        tp=layout.tp,
+        pp=layout.pp,
+        cp=layout.cp,
+        ep=layout.ep,
+        cp_impl=layout.cp_impl,
+    )
+    features = composability.active_features(
+        ac_mode=layout.ac_mode,
+        ac_option=layout.sac_option,
+        compile_enabled=layout.compile,
+        float8_recipe="tensorwise" if layout.float8 else "",
+    )
+    composability.check(rows, features)
 
 
 def check_pipeline(layout: Layout, args: ModelArgs) -> None:

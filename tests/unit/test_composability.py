@@ -1,0 +1,86 @@
+"""The composability table (parallel/composability.py): its refusals reach training's checks, its evidence exists,
+and docs/composability.md is generated from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from meshforge.config.schema import Float8, Parallelism
+from meshforge.errors import ConfigError
+from meshforge.parallel import composability as table
+from meshforge.parallel.dims import ParallelDims
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_doc_is_generated_from_the_table() -> None:
+    assert (ROOT / "docs" / "composability.md").read_text() == table.render_markdown(), (
+        "docs/composability.md is stale: run python -m meshforge.parallel.composability"
+    )
+
+
+def test_every_cited_test_exists() -> None:
+    for (p, f), c in table.CELLS.items():
+        table.cell(p, f)  # known names
+        if c.status == "refused":
+            assert c.evidence and c.alternative, (p, f)
+            continue
+        path, _, name = c.evidence.partition("::")
+        text = (ROOT / path).read_text()
+        assert not name or f"def {name}(" in text, c.evidence
+
+
+def test_zero_bubble_schedules_refuse_default_ac_with_the_fix() -> None:
+    error = table.refusal(["fsdp", "pp_ZBVZeroBubble"], ["ac_selective_op"])
+    assert isinstance(error, ConfigError) and "selective_ac_option = 2" in str(error)
+    assert table.refusal(["fsdp", "pp_ZBVZeroBubble"], ["ac_every_n"]) is None
+    assert table.refusal(["pp_1F1B"], ["ac_selective_op"]) is None
+
+
+def test_validate_features_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    dims = ParallelDims(pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=1, ep=1)
+    args = dict(device=torch.device("cpu"), compile_enabled=True, float8=Float8())
+    dims.validate_features(Parallelism(), **args)  # type: ignore[arg-type]  # FSDP + compile: parity-tested
+    monkeypatch.setitem(table.CELLS, ("fsdp", "compile"), table.Cell("refused", "planted", "compile.enable = false"))
+    with pytest.raises(ConfigError, match="planted"):
+        dims.validate_features(Parallelism(), **args)  # type: ignore[arg-type]
+
+
+def test_counts_cover_every_cell() -> None:
+    assert sum(table.counts().values()) == len(table.PARALLELISMS) * len(table.FEATURES)
+
+
+def test_bench_matrix_cannot_name_a_refused_combination() -> None:
+    import tomllib
+
+    from meshforge.bench.matrix import parse_matrix
+
+    tree = tomllib.loads((ROOT / "configs" / "bench" / "default.toml").read_text())
+    parse_matrix(tree)  # the shipped preset names no refused cell
+    tree["bench"]["ac_mode"] = "selective"  # per-op by default: refused with the zero-bubble run
+    with pytest.raises(ConfigError, match=r"pp_zbv.*selective_ac_option = 2"):
+        parse_matrix(tree)
+
+
+def test_planner_layout_check_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meshforge.model.flavors import get_flavor
+    from meshforge.plan.layout import Layout, check_layout
+
+    layout = Layout(flavor="debugmodel", seq_len=64, local_batch_size=8, dp_shard=2, compile=True)
+    check_layout(layout, get_flavor("debugmodel"))
+    monkeypatch.setitem(table.CELLS, ("fsdp", "compile"), table.Cell("refused", "planted", "compile.enable = false"))
+    with pytest.raises(ConfigError, match="planted"):
+        check_layout(layout, get_flavor("debugmodel"))
+
+
+def test_float8_on_cpu_without_emulation_warns_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    from meshforge.parallel.float8 import check_float8_support
+
+    check_float8_support(Float8(enable=True), torch.device("cpu"))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--quantize.dense.float8.emulate" in err
+    check_float8_support(Float8(enable=True, emulate=True), torch.device("cpu"))  # an explicit choice stays quiet
+    assert capsys.readouterr().err == ""
