@@ -36,6 +36,8 @@ TOKENS_PER_DEVICE = 16384
 FAMILIES = ("FSDP", "FSDP x TP", "3D", "4D")
 """Strategy families by the highest dimension a layout adds to FSDP: TP; PP (3D, with or without TP); CP (4D)."""
 ARTICLE_IMPL = "torchtitan"
+OUTPUT_MODULES = ("guide", "curves")
+"""Modules that only format cells: editing them does not invalidate the cache."""
 
 
 def family(layout: Layout) -> str:
@@ -162,7 +164,8 @@ def _planner_digest() -> str:
     """Hash of the planner's and the model's sources: a cached cell is stale once either changes."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for path in sorted([*root.glob("plan/*.py"), *root.glob("model/*.py"), *root.glob("parallel/*.py")]):
+    sources = [*root.glob("plan/*.py"), *root.glob("model/*.py"), *root.glob("parallel/**/*.py")]
+    for path in sorted(p for p in sources if not p.name.startswith(OUTPUT_MODULES)):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -186,7 +189,7 @@ def compute_guide(
     worlds: Sequence[int],
     seqs: Sequence[int],
     *,
-    impl: str = ARTICLE_IMPL,
+    impl: str = "meshforge",
     use_cache: bool = True,
     workers: int = 0,
 ) -> list[dict[str, Any]]:

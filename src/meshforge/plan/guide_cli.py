@@ -47,7 +47,9 @@ def run_guide(opts: argparse.Namespace, overrides: list[str], hw: HardwareProfil
     start = time.perf_counter()
     worlds = _ints(opts.world_sizes, "--world-sizes")
     seqs = _ints(opts.seq_lens, "--seq-lens")
-    cells = guide.compute_guide(hw, models_of(opts, overrides), worlds, seqs, use_cache=not opts.no_cache)
+    cells = guide.compute_guide(
+        hw, models_of(opts, overrides), worlds, seqs, impl=opts.impl, use_cache=not opts.no_cache
+    )
     text = guide_flow.markdown(cells, hw.name)
     if opts.out:
         out = Path(opts.out)
