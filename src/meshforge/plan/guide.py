@@ -40,15 +40,20 @@ OUTPUT_MODULES = ("guide", "curves")
 """Modules that only format cells: editing them does not invalidate the cache."""
 
 
-def family(layout: Layout) -> str:
-    """The strategy family of a layout (HSDP counts as FSDP, expert parallel is not a family)."""
-    if layout.cp > 1:
+def family_of(tp: int, pp: int, cp: int) -> str:
+    """The strategy family of the degrees (HSDP counts as FSDP, expert parallel is not a family)."""
+    if cp > 1:
         return "4D"
-    if layout.pp > 1:
+    if pp > 1:
         return "3D"
-    if layout.tp > 1:
+    if tp > 1:
         return "FSDP x TP"
     return "FSDP"
+
+
+def family(layout: Layout) -> str:
+    """The strategy family of a layout (``family_of`` its degrees)."""
+    return family_of(layout.tp, layout.pp, layout.cp)
 
 
 def global_sequences(world: int, seq_len: int) -> int:
