@@ -103,3 +103,20 @@ def test_cache_reuses_cells(tmp_path, monkeypatch, h100_cells: list[dict]) -> No
     assert len(list((tmp_path / "guide").glob("*.json"))) == 1
     monkeypatch.setattr(guide, "compute_cell", lambda *a: pytest.fail("searched again"))
     assert guide.compute_guide(hw, [MODEL], (8,), (SEQ,), workers=1) == first
+
+
+def test_curves_follow_the_families(h100_cells: list[dict], tmp_path) -> None:
+    """Each family's curve is that family's best layout per GPU count, the PNG is written, and article points carry
+    the family of their own degrees (table 2: FSDP x TP, table 3: 3D, table 4 with CP: 4D)."""
+    from meshforge.plan import curves
+
+    for fam, rows in curves.family_curves(h100_cells, "8B", SEQ).items():
+        for world, tps, low, high in rows:
+            est = next(c for c in h100_cells if c["world"] == world)["families"][fam]
+            assert (tps, low, high) == (est["tps"], est["tps_low"], est["tps_high"]) and est["family"] == fam
+            assert low < tps < high
+    by_table = {(m, s, w): fam for m, s, w, fam, _, _ in curves.article_points()}
+    assert by_table[("8B", 8192, 8)] == "FSDP" and by_table[("70B", 8192, 256)] == "FSDP x TP"
+    assert by_table[("405B", 8192, 512)] == "3D" and by_table[("405B", 65536, 512)] == "4D"  # seq 32k: CP 1
+    (path,) = curves.write_curves(h100_cells, "h100", tmp_path)
+    assert path.stat().st_size > 10_000
