@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshforge.plan.advisor import SIMPLICITY_MARGIN
+
 ARTICLE_COMMANDS = (
     ("8B", 8, 8192, "model <= 10B: FSDP + compile + Float8 (article: dp_shard 8, compile, Float8)"),
     ("70B", 256, 8192, "10B-100B: FSDP x TP, async TP (article: dp_shard 4 x TP 2, async TP, compile)"),
@@ -27,11 +29,16 @@ def fmt_tps(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
+def _cell(layout: str) -> str:
+    """A layout description inside a markdown cell (its ' | ' separators would split the row)."""
+    return layout.replace(" | ", "; ")
+
+
 def table(cells: Sequence[dict[str, Any]]) -> str:
     """One markdown row per cell: recommendation, tokens/s and memory with intervals, runner-up, separable, why."""
     lines = [
         "| model | GPUs | seq | recommended | family | tokens/s/GPU [interval] | memory GiB [interval] / usable "
-        "| runner-up | its tokens/s | separable | deciding overheads (runner-up pays) |",
+        "| runner-up (best of another family) | its tokens/s | separable | deciding overheads (runner-up pays) |",
         "|---|---:|---:|---|---|---:|---:|---|---:|---|---|",
     ]
     for c in cells:
@@ -43,10 +50,10 @@ def table(cells: Sequence[dict[str, Any]]) -> str:
         tps = f"{fmt_tps(b['tps'])} [{fmt_tps(b['tps_low'])}-{fmt_tps(b['tps_high'])}]"
         mem = f"{b['memory_gib']:.1f} [{b['memory_low']:.1f}-{b['memory_high']:.1f}] / {b['usable_gib']:.0f}"
         r = c.get("runner_up")
-        runner = f"{r['layout']} | {fmt_tps(r['tps'])}" if r else "- | -"
+        runner = f"{_cell(r['layout'])} | {fmt_tps(r['tps'])}" if r else "- | -"
         sep = ("yes" if c["separable"] else "no") if r else "-"
         why = ", ".join(c.get("deciding", []))
-        lines.append(f"{head} {b['layout']} | {b['family']} | {tps} | {mem} | {runner} | {sep} | {why} |")
+        lines.append(f"{head} {_cell(b['layout'])} | {b['family']} | {tps} | {mem} | {runner} | {sep} | {why} |")
     return "\n".join(lines)
 
 
@@ -146,7 +153,12 @@ def command_lines(cells: Sequence[dict[str, Any]], hardware: str) -> list[tuple[
 
 def markdown(cells: Sequence[dict[str, Any]], hardware: str) -> str:
     """The whole guide as one markdown document: table, mermaid flow, command lines."""
-    parts = [f"# meshforge plan --guide --hardware {hardware}", "", table(cells), "", "## Decision flow", ""]
+    note = (
+        f"Within {SIMPLICITY_MARGIN:.0%} of the fastest the search recommends the layout with fewer parallel "
+        "dimensions (plan/advisor.py), so a runner-up can be slightly faster; 'separable' says whether the runner-up's "
+        "tokens/s lies outside the recommendation's interval."
+    )
+    parts = [f"# meshforge plan --guide --hardware {hardware}", "", note, "", table(cells), "", "## Decision flow", ""]
     parts += ["```mermaid", flow(cells), "```", "", "## The article's launches, regenerated", ""]
     for article, cmd in command_lines(cells, hardware):
         parts += [f"- {article}:", "", f"  ```\n  {cmd}\n  ```", ""]
