@@ -61,19 +61,18 @@ def write_curves(cells: Sequence[dict[str, Any]], hardware: str, out: Path, resu
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = article_points() + (bench_points(results) if results else [])
+    points = [(p, "*") for p in article_points()] + [(p, "s") for p in (bench_points(results) if results else [])]
     paths = []
     for model in dict.fromkeys(c["model"] for c in cells):
         seqs = sorted({c["seq_len"] for c in cells if c["model"] == model})
         fig, axes = plt.subplots(1, len(seqs), figsize=(5 * len(seqs), 4), squeeze=False)
         for ax, seq in zip(axes[0], seqs, strict=True):
             for fam, rows in family_curves(cells, model, seq).items():
-                w, tps, lo, hi = zip(*rows, strict=True)
-                ax.plot(w, tps, marker="o", color=COLORS[fam], label=f"{fam} (predicted)")
+                w, mid, lo, hi = zip(*rows, strict=True)
+                ax.plot(w, mid, marker="o", color=COLORS[fam], label=f"{fam} (predicted)")
                 ax.fill_between(w, lo, hi, color=COLORS[fam], alpha=0.2)
-            for p_model, p_seq, world, fam, tps, label in points:
+            for (p_model, p_seq, world, fam, tps, label), marker in points:
                 if p_model == model and p_seq == seq:
-                    marker = "*" if label in {p[5] for p in article_points()} else "s"
                     ax.scatter([world], [tps], marker=marker, s=120, color=COLORS[fam], edgecolor="black", zorder=3)
                     ax.annotate(label, (world, tps), fontsize=6, xytext=(4, 4), textcoords="offset points")
             ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="tokens/s per GPU", title=f"{model}, seq {seq:,}")
