@@ -123,3 +123,13 @@ def test_curves_follow_the_families(h100_cells: list[dict], tmp_path) -> None:
     assert by_table[("405B", 8192, 512)] == "3D" and by_table[("405B", 65536, 512)] == "4D"  # seq 32k: CP 1
     (path,) = curves.write_curves(h100_cells, "h100", tmp_path)
     assert path.stat().st_size > 10_000
+
+
+def test_guide_flags_are_one_line_errors() -> None:
+    from meshforge.errors import ConfigError
+    from meshforge.plan.cli import main
+
+    with pytest.raises(ConfigError, match="--world-sizes"):
+        main(["--guide", "--hardware", "h100", "--world-sizes", "8,x"])
+    with pytest.raises(ConfigError, match="only --model"):
+        main(["--guide", "--hardware", "h100", "--training.seq_len", "4096"])
