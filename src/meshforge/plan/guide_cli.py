@@ -54,12 +54,12 @@ def run_guide(opts: argparse.Namespace, overrides: list[str], hw: HardwareProfil
     if opts.out:
         out = Path(opts.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "guide.md").write_text(text + "\n")
-        (out / "guide.json").write_text(json.dumps(cells, indent=1) + "\n")
         from meshforge.plan import curves
 
         pngs = curves.write_curves(cells, hw.name, out, opts.with_results)
-        text += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs)
+        text += "\n## Throughput curves\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs)
+        (out / "guide.md").write_text(text + "\n")
+        (out / "guide.json").write_text(json.dumps(cells, indent=1) + "\n")
     if opts.json:
         print(json.dumps(cells, indent=1))
     else:
