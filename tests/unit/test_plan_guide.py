@@ -133,3 +133,19 @@ def test_guide_flags_are_one_line_errors() -> None:
         main(["--guide", "--hardware", "h100", "--world-sizes", "8,x"])
     with pytest.raises(ConfigError, match="only --model"):
         main(["--guide", "--hardware", "h100", "--training.seq_len", "4096"])
+
+
+@pytest.mark.slow
+def test_article_launches_pass_the_full_scale_dry_run() -> None:
+    """The three regenerated launches (8B at 8, 70B at 256, 405B at 512 H100s) through the real dry run (~3 CPU-min
+    cold: three full searches and three meta-model builds)."""
+    from meshforge.tools.dry_run import plan
+
+    points = guide_flow.ARTICLE_COMMANDS
+    cells = [
+        guide.compute_cell(load_hardware("h100"), ("--model.flavor", model), world, seq, "meshforge")
+        for model, world, seq, _ in points
+    ]
+    assert len(guide_flow.command_lines(cells, "h100")) == 3
+    for cell in cells:
+        assert plan(load_config(None, cell["best"]["overrides"]), cell["world"]).world_size == cell["world"]
