@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.bench import analysis
+from meshforge.bench import guide as bench_guide
 from meshforge.bench.reference import CLAIMS, article_ratio, figure
 
 Record = dict[str, Any]
@@ -321,6 +322,7 @@ def render_report(results: dict[str, Any], *, compare_with: str = "", plots_pref
         *main_table(results),
         *analysis.prediction_lines(results),
         *analysis.ranking_lines(results),
+        *bench_guide.guide_lines(results),
         *scaling_tables(results),
         *group_table(results, "Pipeline schedules", pp_rows, "Bubble %"),
         *group_table(results, "Context parallel at several sequence lengths", cp_rows, "Step time s"),

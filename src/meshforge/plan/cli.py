@@ -3,6 +3,7 @@
 meshforge plan [--config F] [--section.key value ...] --world-size N --hardware NAME|FILE [--json] [--search]
                [--timeline]
 meshforge plan --calibrate DIR/results.json --hardware cpu [--out FILE] [--json]
+meshforge plan --guide --hardware NAME [--world-sizes 8,64] [--seq-lens 8192] [--models 8B,70B] [--out DIR]
 meshforge plan --article [--json]          (every published row: leave-one-out accuracy, sources in docs/planner.md)
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from meshforge.config.io import ConfigError, load_config
-from meshforge.plan import calibrate, loo_report, production, published, report, validate
+from meshforge.plan import calibrate, guide_cli, loo_report, production, published, report, validate
 from meshforge.plan.advisor import search
 from meshforge.plan.estimate import estimate, pipeline_timeline
 from meshforge.plan.hardware import HardwareProfile, auto_param_dtype, load_hardware, preset_names, save_profile
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="meshforge",
         help="whose code runs the job: meshforge (default) or torchtitan (the article's)",
     )
+    guide_cli.add_arguments(parser)
     return parser
 
 
@@ -63,6 +65,8 @@ def main(argv: list[str]) -> int:
     if not opts.hardware:
         raise ConfigError(f"--hardware is required: a preset ({', '.join(preset_names())}) or a TOML profile")
     hw = load_hardware(opts.hardware)
+    if opts.guide:
+        return guide_cli.run_guide(opts, overrides, hw)
     if opts.calibrate:
         return run_calibrate(opts, hw)
     if opts.world_size is None:
