@@ -1,7 +1,7 @@
 """The fake-CUDA check (scripts/fake_cuda_check.py) from pytest: meshforge's layouts on fake cuda tensors with a
 guard on every collective's devices and a count of host synchronisations. It needs torch's CUDA build: the Python of
 ``$MESHFORGE_FAKE_CUDA_PYTHON`` or of ``.venv-fake-cuda`` (`make test-fake-cuda` makes it: torch 2.14.1+cu130 from
-this machine's disk, ~110 s); without either it skips in one line (CI does not build that venv: see
+this machine's disk, ~110 s; .ci/run builds it first); without either it skips in one line (see
 docs/benchmarks/compat.md). ~15 s when it runs."""
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def fake_cuda_python() -> str | None:
-    for candidate in (os.environ.get("MESHFORGE_FAKE_CUDA_PYTHON", ""), str(REPO / ".venv-fake-cuda/bin/python")):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    return None
+    explicit = os.environ.get("MESHFORGE_FAKE_CUDA_PYTHON", "")
+    if explicit and Path(explicit).is_file():
+        return explicit
+    venv = REPO / ".venv-fake-cuda"  # complete only once scripts/fake_cuda_venv.sh wrote .ready
+    return str(venv / "bin/python") if (venv / ".ready").is_file() else None
 
 
 @pytest.fixture(scope="module")
