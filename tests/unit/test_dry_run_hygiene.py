@@ -17,7 +17,8 @@ from meshforge.tools.dry_run import build_parts, plan
 
 
 def test_a_dry_run_leaves_no_torch_global_state_behind() -> None:
-    cfg = load_config(None, ["--model.flavor", "tiny", "--training.device", "cpu", "--training.mixed_precision_param", "float32"])
+    overrides = ["--model.flavor", "tiny", "--training.device", "cpu", "--training.mixed_precision_param", "float32"]
+    cfg = load_config(None, overrides)
     before = (torch.get_default_dtype(), torch.get_default_device(), dist.is_initialized())
     plan(cfg, 2)  # rank 0 of a fake 2-rank world: FSDP 2 over the tiny model (1-D norm weights of 64)
     assert (torch.get_default_dtype(), torch.get_default_device(), dist.is_initialized()) == before
@@ -37,4 +38,4 @@ def test_a_dry_run_leaves_no_torch_global_state_behind() -> None:
     finally:
         dist.destroy_process_group()
     first = dict(list(stale.items())[:3])
-    assert not stale, f"{len(stale)} parameters on rank 1 carry the dry run's rank-0 DeviceMesh (cached DTensor spec): {first}"
+    assert not stale, f"{len(stale)} parameters on rank 1 hold the dry run's rank-0 mesh (cached DTensor spec): {first}"
