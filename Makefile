@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean test-mutants
 venv: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -19,6 +19,10 @@ lint: $(VENV)/.ready
 
 test: lint
 	$(PY) -m pytest -q --durations=15
+
+# the curated mutation check (tests/mutants/*.toml, scripts/mutants.py): not part of `make test`
+test-mutants: $(VENV)/.ready
+	$(PY) scripts/mutants.py
 
 clean:
 	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache
