@@ -13,7 +13,7 @@ skips it): a test that fails there would "kill" every mutant for nothing. Exit s
 invalid list (a ``find`` that does not occur exactly once, a missing key or file, a duplicate name).
 
     python scripts/mutants.py                 # every mutant of every tests/mutants/*.toml
-    python scripts/mutants.py --only ring     # the mutants whose name contains "ring"
+    python scripts/mutants.py --only ring,tps # the mutants whose name contains "ring" or "tps"
     python scripts/mutants.py --list          # validate and list, run nothing
 """
 
@@ -152,7 +152,7 @@ def run_mutant(m: Mutant, copy: Path, timeout: float) -> tuple[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--only", default="", help="run only the mutants whose name contains this")
+    ap.add_argument("--only", default="", help="run only the mutants whose name contains one of these (comma-separated)")
     ap.add_argument("--list", action="store_true", help="validate and list the mutants, run nothing")
     ap.add_argument("--no-baseline", action="store_true", help="skip the run of the tests on the unmutated tree")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's test run (default 600)")
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("invalid mutant list:\n  " + "\n  ".join(problems))
         return 2
-    chosen = [m for m in mutants if args.only in m.name]
+    chosen = [m for m in mutants if any(part in m.name for part in args.only.split(","))]
     if args.list:
         for m in chosen:
             print(f"{m.source:16} {m.name:36} {m.file}  <- {', '.join(m.tests)}")
