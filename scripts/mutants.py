@@ -152,7 +152,7 @@ def run_mutant(m: Mutant, copy: Path, timeout: float) -> tuple[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--only", default="", help="run only the mutants whose name contains one of these (comma-separated)")
+    ap.add_argument("--only", default="", help="only the mutants whose name contains one of these (comma-separated)")
     ap.add_argument("--list", action="store_true", help="validate and list the mutants, run nothing")
     ap.add_argument("--no-baseline", action="store_true", help="skip the run of the tests on the unmutated tree")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's test run (default 600)")
