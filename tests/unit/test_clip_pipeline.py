@@ -38,3 +38,11 @@ def test_pipeline_stages_clip_by_one_global_norm(monkeypatch: pytest.MonkeyPatch
     assert math.isclose(float(params[1].grad), 4.0 * scale, rel_tol=1e-6)  # type: ignore[arg-type]
     after = math.hypot(5.0 * scale, other_stage_norm * scale)
     assert math.isclose(after, 1.3, rel_tol=1e-6), f"global norm after clipping {after} != max_norm 1.3"
+
+
+def test_max_norm_zero_only_measures() -> None:
+    params = [torch.zeros(2, requires_grad=True)]
+    params[0].grad = torch.tensor([3.0, 4.0])
+    total = clip_grad_norm_(params, max_norm=0.0, pp_mesh=None)
+    assert float(total) == 5.0
+    assert params[0].grad.tolist() == [3.0, 4.0], "max_norm 0 (clipping off) changed the gradients"
