@@ -51,3 +51,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _TEMP = pytest.StashKey[tuple[str, "str | None", "str | None"]]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The random test order's seed, also under -q (pytest-randomly prints it only in the header)."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None and config.pluginmanager.hasplugin("randomly"):
+        terminalreporter.write_line(f"test order: pytest-randomly seed {seed} (same order: --randomly-seed={seed})")
