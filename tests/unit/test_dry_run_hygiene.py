@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from fakeworld import fake_rank
 from torch.distributed.tensor import DTensor
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from meshforge.config.io import load_config
 from meshforge.model.flavors import get_flavor
@@ -24,8 +24,7 @@ def test_a_dry_run_leaves_no_torch_global_state_behind() -> None:
     assert (torch.get_default_dtype(), torch.get_default_device(), dist.is_initialized()) == before
     args = get_flavor("tiny").with_seq_len(cfg.training.seq_len)
     dims = ParallelDims.from_config(cfg.parallelism, 2)
-    dist.init_process_group("fake", rank=1, world_size=2, store=FakeStore())  # now rank 1 of the same layout
-    try:
+    with fake_rank(1, 2):  # now rank 1 of the same layout (its own specs are cleared after, too)
         mesh = dims.build_mesh("cpu")
         assert mesh is not None and tuple(mesh.get_coordinate() or ()) == (1,)
         parts, _ = build_parts(cfg, dims, mesh, args)
@@ -35,7 +34,5 @@ def test_a_dry_run_leaves_no_torch_global_state_behind() -> None:
             for name, param in part.named_parameters()
             if isinstance(param, DTensor) and tuple(param.device_mesh.get_coordinate() or ()) != (1,)
         }
-    finally:
-        dist.destroy_process_group()
     first = dict(list(stale.items())[:3])
     assert not stale, f"{len(stale)} parameters on rank 1 hold the dry run's rank-0 mesh (cached DTensor spec): {first}"
