@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from parity import BASE, GLOBAL_BATCH, assert_parity, losses, reference
+from parity import BASE, GLOBAL_BATCH, Trace, assert_parity, losses, reference
 
 from meshforge.parallel.context_parallel import load_balanced_positions
 
@@ -37,7 +37,7 @@ def test_tp2_from_the_cli_matches_single_process(tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert_parity([r["loss"] for r in records], reference())
+    assert_parity(Trace(records), reference())  # losses and grad norms
 
 
 @pytest.mark.distributed

@@ -182,6 +182,33 @@ def test_document_positions_restart_at_each_start() -> None:
     assert loader.positions().tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3], [0, 1, 2, 3, 0, 1, 2, 3, 4]]
 
 
+def test_shuffled_document_positions_restart_at_each_bos() -> None:
+    """With shuffle, each row's positions belong to the sample it holds: 0 exactly at a BOS (and at the window's
+    first token), +1 everywhere else."""
+    rng, bos, seq = np.random.default_rng(0), 1, 8
+    lengths = rng.integers(2, 13, size=40)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    tokens = rng.integers(2, 100, size=int(lengths.sum()))
+    tokens[starts] = bos
+    stream = ArrayStream(tokens, doc_starts=starts)
+    loader = PackedDataLoader(
+        stream, seq_len=seq, local_batch_size=4, dp_rank=0, dp_degree=1, seed=5, shuffle=True, with_positions=True
+    )
+    ids = []
+    for _ in range(6):
+        inputs, _ = loader.next_batch()
+        ids += loader.sample_ids()
+        positions = loader.positions()
+        expected_zero = (inputs == bos) | (torch.arange(seq) == 0)
+        assert torch.equal(positions == 0, expected_zero), (
+            f"positions {positions.tolist()} do not restart at the BOS of inputs {inputs.tolist()}: document positions"
+            " of other samples than the shuffled ids"
+        )
+        steps = positions[:, 1:] - positions[:, :-1]
+        assert bool(((steps == 1) | (positions[:, 1:] == 0)).all())
+    assert ids != sorted(ids)  # shuffled: the running index and the sample ids differ
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="seq_len"):
         PackedDataLoader(np.arange(8, dtype=np.int32), seq_len=8, local_batch_size=1, dp_rank=0, dp_degree=1, seed=0)

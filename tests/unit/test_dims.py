@@ -29,6 +29,14 @@ def test_shard_degree_fills_the_rest() -> None:
     assert d.fsdp_enabled and d.dp == 2 and d.non_data_parallel_size == 4
 
 
+def test_non_data_parallel_size_counts_every_model_axis() -> None:
+    d = dims(24, pipeline_parallel_degree=3, tensor_parallel_degree=2, data_parallel_replicate_degree=2)
+    assert (d.pp, d.dp_replicate, d.dp_shard, d.cp, d.tp) == (3, 2, 2, 1, 2)
+    assert d.non_data_parallel_size == 3 * 2, "tokens/s divisor: the ranks of one replica are pp x cp x tp"
+    assert dims(16, pipeline_parallel_degree=2, context_parallel_degree=2).non_data_parallel_size == 4
+    assert dims(8, data_parallel_replicate_degree=2).non_data_parallel_size == 1
+
+
 def test_product_must_equal_world_size() -> None:
     with one_line_error(r"dp_shard 3 x cp 1 x tp 2 = 6 but the world size is 4; make the product equal"):
         dims(4, tensor_parallel_degree=2, data_parallel_shard_degree=3)

@@ -40,3 +40,16 @@ def test_every_implementation_takes_the_same_steps(how: str) -> None:
 def test_an_unknown_implementation_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="implementation"):
         load_config(None, ["--optimizer.implementation", "magic"])
+
+
+@pytest.mark.parametrize("decay", ["linear", "cosine"])
+def test_lr_warms_up_to_the_peak_and_decays_to_the_minimum_at_the_last_step(decay: str) -> None:
+    from meshforge.train.optim import lr_factor
+
+    def at(step: int) -> float:
+        return lr_factor(step, warmup=4, total=20, decay=decay, min_factor=0.1)
+
+    assert [at(s) for s in range(4)] == [0.2, 0.4, 0.6, 0.8] and at(4) == 1.0
+    assert abs(at(20) - 0.1) < 1e-12, f"{decay} decay ends at {at(20)}, not min_lr_factor 0.1 at the last step"
+    assert abs(at(12) - 0.55) < 1e-12  # halfway through the decay: (1 + 0.1) / 2 for both shapes
+    assert at(30) == at(20)

@@ -89,11 +89,14 @@ def fake_world(world_size: int) -> Iterator[None]:
         raise ConfigError("--dry-run must run outside a distributed job (a process group exists); run it alone")
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from meshforge.parallel.dtensor_caches import clear_dtensor_caches
+
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
     try:
         yield
     finally:
         dist.destroy_process_group()
+        clear_dtensor_caches()  # cached DTensor specs hold this world's rank-0 meshes (parallel/dtensor_caches.py)
 
 
 def target_device(requested: str) -> str:

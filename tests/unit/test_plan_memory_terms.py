@@ -1,0 +1,46 @@
+"""The planner's activation term, asserted directly: a pipeline rank keeps (stage-microbatches in flight) x (layers of
+one of its stages) x (per-layer bytes of one microbatch). Under Interleaved1F1B with v = 2 stages per rank a rank's
+layers split over its two stages, and each in-flight stage-microbatch holds one stage's layers, not the rank's."""
+
+from __future__ import annotations
+
+import math
+
+from meshforge.model.flavors import get_flavor
+from meshforge.plan import schedules
+from meshforge.plan.layout import Layout
+from meshforge.plan.memory import (
+    rank_allocated,
+    rank_parts,
+    saved_bytes_per_token,
+    transient_bytes_per_token,
+)
+
+
+def test_interleaved_activations_are_in_flight_times_layers_over_v() -> None:
+    args, rank = get_flavor("tiny"), 0
+    p, v, m, seq = 2, 2, 8, 256
+    layout = Layout(
+        flavor="tiny",
+        seq_len=seq,
+        local_batch_size=m,
+        pp=p,
+        schedule="Interleaved1F1B",
+        stages_per_rank=v,
+        first_stage_less_layers=0,
+        last_stage_less_layers=0,
+        ac_mode="none",
+        param_dtype="float32",
+    )
+    parts = rank_parts(args, layout, rank)
+    assert parts.layers == args.n_layers // p and parts.stage_layers == (2, 2) and not parts.head
+    in_flight = schedules.in_flight(layout, rank)
+    assert in_flight == (v - 1) * p + 2 * (p - 1 - rank) + 1  # the documented count for m a multiple of p
+    per_layer = saved_bytes_per_token(args, layout) * seq  # one microbatch of one sequence
+    _, activations, _ = rank_allocated(args, layout, rank)
+    saved = activations - transient_bytes_per_token(args, layout) * seq  # no head here: no loss term
+    expected = in_flight * parts.layers / v * per_layer
+    assert math.isclose(saved, expected, rel_tol=1e-9), (
+        f"saved activations {saved:.4g} B != in-flight {in_flight} x layers {parts.layers} / v {v} x per-layer "
+        f"{per_layer:.4g} B = {expected:.4g} B ({saved / expected:.2f}x: counted once per stage of the rank?)"
+    )
