@@ -85,7 +85,7 @@ def test_recommended_layouts_pass_the_dry_run(h100_cells: list[dict]) -> None:
             layout = layout_from_config(cfg, cell["world"], impl=cell["impl"], auto_dtype=auto_param_dtype(hw.spec))
             check_layout(layout, layout_args(layout))
             assert layout.describe() == est["layout"]
-            if est is cell["best"] and est["family"] not in dry_run_families:  # one per family (test time)
+            if est["family"] not in dry_run_families:  # one per family (test time); runner-ups are other families
                 dry_run_families.add(est["family"])
                 assert plan(cfg, cell["world"]).world_size == cell["world"]
     assert len(dry_run_families) >= 2

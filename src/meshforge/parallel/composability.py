@@ -65,8 +65,6 @@ class Cell:
 _ZB_REASON = "per-op selective AC's saved-op cache is consumed by the split input-gradient pass"
 _ZB_FIX = "activation_checkpoint.selective_ac_option = 2 (every 2nd block), or mode = 'full' / 'none'"
 _MOE_PARITY = "tests/distributed/test_moe_parity.py"
-_CHUNKS_TP = "the vocab-sharded output takes a sequence-sharded DTensor that is not sliced into token chunks"
-_CHUNKS_PP = "the last stage's loss is the schedule's loss_fn on full logits"
 
 CELLS: dict[tuple[str, str], Cell] = {
     ("fsdp", "ac_none"): Cell("parity-tested", "tests/distributed/test_fsdp_parity.py"),
@@ -93,11 +91,6 @@ CELLS: dict[tuple[str, str], Cell] = {
     ("fsdp", "loss_chunks"): Cell(
         "parity-tested", "tests/distributed/test_chunked_loss_parity.py::test_fsdp2_chunked_loss_matches_unchunked"
     ),
-    # model/chunked_loss.py check_loss_chunks raises these (tests/unit/test_composability_levers.py keeps them equal)
-    ("tp_sp", "loss_chunks"): Cell("refused", _CHUNKS_TP, "training.loss_chunks = 1"),
-    ("loss_parallel", "loss_chunks"): Cell("refused", _CHUNKS_TP, "training.loss_chunks = 1"),
-    **{(f"pp_{name}", "loss_chunks"): Cell("refused", _CHUNKS_PP, "training.loss_chunks = 1") for name in SCHEDULES},
-    ("pp_csv", "loss_chunks"): Cell("refused", _CHUNKS_PP, "training.loss_chunks = 1"),
     **{
         (f"pp_{name}", "ac_selective_op"): Cell("refused", _ZB_REASON, _ZB_FIX)
         for name in SCHEDULES
