@@ -59,6 +59,8 @@ class BenchRun:
     overrides: dict[str, Any] = field(default_factory=dict)
     cpu_overrides: dict[str, Any] = field(default_factory=dict)
     """Extra train keys used only when no CUDA device is present (e.g. emulated Float8 matmuls on a CPU)."""
+    fault_tolerance: bool = False
+    """Run the dp_replicate dimension as that many torchft replica groups on one machine (bench/ft_rows.py)."""
 
     @property
     def resolved_dp_shard(self) -> int:
@@ -95,7 +97,7 @@ class BenchRun:
     def _axes(self) -> list[tuple[str, int]]:
         shard = "FSDP" if self.dp_replicate == 1 else "shard"
         return [
-            ("replicate", self.dp_replicate),
+            ("replicate (torchft groups)" if self.fault_tolerance else "replicate", self.dp_replicate),
             (shard, self.resolved_dp_shard),
             ("TP", self.tp),
             ("PP", self.pp),
@@ -164,6 +166,7 @@ class BenchMatrix:
             "gradient_accumulation_steps": run.gradient_accumulation_steps,
             "microbatch_size": int(keys.get("parallelism.pipeline_parallel_microbatch_size", 1)),
             "float8_emulate": bool(run.float8 and keys.get("quantize.dense.float8.emulate", False)),
+            "fault_tolerance": run.fault_tolerance,
         }
 
     def timeout_of(self, run: BenchRun) -> int:
@@ -199,6 +202,10 @@ class BenchMatrix:
             keys["quantize.dense.float8.enable"] = True
         if run.async_tp:
             keys["parallelism.enable_async_tensor_parallel"] = True
+        if run.fault_tolerance:  # the replicate dimension is the torchft groups; the layout keys describe one group
+            keys["parallelism.data_parallel_replicate_degree"] = 1
+            keys["fault_tolerance.enable"] = True
+            keys["fault_tolerance.local_replicas"] = run.dp_replicate
         keys.update(run.overrides)
         args = ["--config", self.config] if self.config else []
         for key, value in keys.items():
@@ -370,6 +377,10 @@ def validate_run(matrix: BenchMatrix, run: BenchRun) -> None:
         )
     if run.reference:
         figure(run.reference)
+    if run.fault_tolerance and run.dp_replicate < 2:
+        raise ConfigError(
+            f"{where}: fault_tolerance = true needs dp_replicate >= 2 (the number of torchft replica groups)"
+        )
     check_composable(matrix, run)
     share = run.dp * run.gradient_accumulation_steps
     if matrix.global_batch_of(run) % share:

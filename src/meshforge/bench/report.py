@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from meshforge.bench import analysis
+from meshforge.bench import analysis, ft_rows
 from meshforge.bench import guide as bench_guide
 from meshforge.bench.reference import CLAIMS, article_ratio, figure
 
@@ -320,6 +320,7 @@ def render_report(results: dict[str, Any], *, compare_with: str = "", plots_pref
         f"## Strategies (baseline: `{results['bench'].get('baseline') or '-'}`)",
         "",
         *main_table(results),
+        *ft_rows.cost_lines(results),
         *analysis.prediction_lines(results),
         *analysis.ranking_lines(results),
         *bench_guide.guide_lines(results),

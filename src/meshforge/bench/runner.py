@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshforge.bench import ft_rows
 from meshforge.bench.machine import cpu_cores, load_average
 from meshforge.bench.matrix import BenchMatrix, BenchRun
 from meshforge.bench.record import Repetition
@@ -50,6 +51,8 @@ def command(matrix: BenchMatrix, run: BenchRun, dump_folder: str, launch: Launch
     """The command line of one run: what `meshforge train --nproc N` starts (torchrun --standalone; one process
     without torchrun for one rank), or torchrun with a c10d rendezvous across nodes. Calling torchrun directly
     saves a Python start per run; the layout check `--nproc` does first is done by ``layout_refusal``."""
+    if run.fault_tolerance:  # a Lighthouse and dp_replicate torchruns (bench/ft_rows.py)
+        return ft_rows.command(matrix.train_args(run, dump_folder), run.ranks)
     args = ["-m", "meshforge", "train", *matrix.train_args(run, dump_folder)]
     nodes = launch.nodes_for(run.ranks)
     if nodes == 1 and run.ranks == 1:
@@ -73,8 +76,9 @@ def layout_refusal(matrix: BenchMatrix, run: BenchRun) -> str:
     from meshforge.config.io import ConfigError, load_config
     from meshforge.train.cli import check_layout
 
+    group_ranks = run.ranks // run.dp_replicate if run.fault_tolerance else run.ranks  # the layout of one group
     try:
-        check_layout(load_config(*matrix.config_and_overrides(run)), run.ranks)
+        check_layout(load_config(*matrix.config_and_overrides(run)), group_ranks)
     except ConfigError as exc:
         return f"meshforge train: config error: {exc}"
     return ""
@@ -91,6 +95,8 @@ def hardware_refusal(run: BenchRun, launch: Launch) -> str:
     """Why this machine cannot start the run at all ('' if it can): too few local GPUs for a one-node run."""
     import torch
 
+    if run.fault_tolerance and launch.nodes_for(run.ranks) > 1:
+        return "fault_tolerance rows start their replica groups on one node (meshforge train --nproc N); run them there"
     if not torch.cuda.is_available() or launch.nodes_for(run.ranks) > 1:
         return ""
     gpus = torch.cuda.device_count()
@@ -116,9 +122,10 @@ def run_one(
     (bench/record.py combines the repetitions of a run into its record)."""
     folder = out_dir / "runs" / run.name / f"rep{index}"
     folder.mkdir(parents=True, exist_ok=True)
-    metrics_path = folder / "metrics.jsonl"
-    if launch.node_rank == 0:
-        metrics_path.unlink(missing_ok=True)
+    files = ft_rows.metrics_files(folder, run.dp_replicate) if run.fault_tolerance else [folder / "metrics.jsonl"]
+    metrics_path = files[0]  # the progress display follows the first (or only) one
+    for path in files if launch.node_rank == 0 else []:
+        path.unlink(missing_ok=True)
     cmd = command(matrix, run, str(folder), launch)
     rep: Repetition = {"index": index, "command": cmd, "metrics": [], "wall_s": 0.0, "startup_s": None}
     rep["threads_per_rank"] = threads_per_rank(matrix, run)
@@ -127,7 +134,8 @@ def run_one(
         return rep | {"status": "unsupported", "error": refusal, "load_avg_1m": load_average()}
     suffix = "" if launch.node_rank == 0 else f".node{launch.node_rank}"
     logs = (folder / f"stdout{suffix}.log", folder / f"stderr{suffix}.log")
-    warm = warm if warm is not None and warm.usable and launch.nodes_for(run.ranks) == 1 else None
+    one_torchrun = launch.nodes_for(run.ranks) == 1 and not run.fault_tolerance
+    warm = warm if warm is not None and warm.usable and one_torchrun else None
     rep["launcher"] = "warm" if warm else "torchrun" if run.ranks > 1 else "python"
     start = time.perf_counter()
     with logs[0].open("w") as out, logs[1].open("w") as err:
@@ -139,7 +147,7 @@ def run_one(
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
         timed_out = wait(proc, matrix.timeout_of(run), metrics_path, progress)
     wall = time.perf_counter() - start
-    metrics = read_metrics(metrics_path)
+    metrics = ft_rows.merge([read_metrics(p) for p in files]) if run.fault_tolerance else read_metrics(metrics_path)
     status, error = classify(proc.returncode, timed_out, matrix.timeout_of(run), logs, metrics, matrix.steps)
     return rep | {
         "status": status,
@@ -162,6 +170,7 @@ def run_env(matrix: BenchMatrix, run: BenchRun, out_dir: Path) -> dict[str, str]
     (kept between runs and sweeps under OUT/cache/, unless the caller chose one): a compile run pays the cold compile
     once, not once per repetition."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank(matrix, run)), "PYTHONUNBUFFERED": "1"}
+    env.setdefault("RUST_LOG", "warn")  # torchft's Lighthouse and Manager log every quorum at info
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str((out_dir / "cache" / "inductor").resolve()))
     return env
 

@@ -139,6 +139,7 @@ class FaultTolerance:
     position: dict[str, int] = field(default_factory=dict)
     log: Path | None = None
     started: float = field(default_factory=time.perf_counter)
+    quorum_s: float = 0.0  # this step's quorum (start_quorum) and commit vote, in the ft_steps log (plan's default)
 
     def start(self) -> None:
         torchft = import_torchft()
@@ -232,6 +233,7 @@ class FaultTolerance:
             raise
         except Exception as exc:
             raise SystemExit(self.lost(exc)) from None
+        self.quorum_s = time.perf_counter() - began
         if self.recovered is not None:
             self.state.step = self.recovered + 1
             if self.state.metrics.console:
@@ -257,9 +259,10 @@ class FaultTolerance:
     def should_commit(self) -> bool:
         """True: step the optimizer. False: the step failed somewhere (a replica died): rewind and retry."""
         waiting = self.manager._min_replica_size > self.cfg.fault_tolerance.min_replica_size
+        began = time.perf_counter()
         if self.manager.should_commit():
             self.manager._min_replica_size = self.cfg.fault_tolerance.min_replica_size
-            self._record()
+            self._record(time.perf_counter() - began)
             return True
         self.state.optimizer.zero_grad(set_to_none=True)
         self.state.loader.load_state_dict(self.position)
@@ -282,19 +285,21 @@ class FaultTolerance:
             print(f"meshforge: fault tolerance: step {self.state.step} not committed ({why}); retrying it", flush=True)
         return False
 
-    def _record(self) -> None:
+    def _record(self, commit_s: float) -> None:
         assert self.log is not None
         s = self.state
         digest = hashlib.sha256()
         for part in s.model_parts:
             for p in part.parameters():
-                digest.update(local(p.detach()).contiguous().numpy().tobytes())
+                digest.update(local(p.detach()).contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
         row = {
             "step": s.step,
             "t": time.time(),
             "participants": self.manager.num_participants(),
             "samples": s.loader.sample_positions(),
             "params_before": digest.hexdigest()[:16],
+            "quorum_s": round(self.quorum_s, 5),
+            "commit_s": round(commit_s, 5),
         }
         with self.log.open("a") as f:
             f.write(json.dumps(row) + "\n")
