@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from meshforge.config.io import ConfigError, load_config
 from meshforge.plan import calibrate, guide_cli, loo_report, production, published, report, validate
+from meshforge.plan import fault_tolerance as ft
 from meshforge.plan.advisor import search
 from meshforge.plan.estimate import estimate, pipeline_timeline
 from meshforge.plan.hardware import HardwareProfile, auto_param_dtype, load_hardware, preset_names, save_profile
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="whose code runs the job: meshforge (default) or torchtitan (the article's)",
     )
     guide_cli.add_arguments(parser)
+    ft.add_arguments(parser)
     return parser
 
 
@@ -80,8 +82,9 @@ def main(argv: list[str]) -> int:
     est = estimate(layout, hw)
     iv = interval(est, hw)
     trace = pipeline_timeline(layout, hw) if opts.timeline else []
+    tolerance = ft.run(opts, cfg, layout, hw) if opts.fault_tolerance else None
     if opts.json:
-        out = est.to_dict() | iv.as_dict()
+        out = est.to_dict() | iv.as_dict() | ({"fault_tolerance": tolerance} if tolerance else {})
         if opts.timeline:
             out["timeline"] = [
                 {"rank": rank, "start_s": round(start, 6), "end_s": round(end, 6), "action": action}
@@ -90,6 +93,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(report.format_estimate(est, hw, iv))
+    if tolerance:
+        print(ft.format_section(tolerance))
     if opts.timeline:
         print("\n" + report.format_timeline(trace))
     return 0
