@@ -42,9 +42,10 @@ from meshforge.plan.layout import Layout
 
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 MTBF_GPU_HOURS = LLAMA3_DAYS * 24 * LLAMA3_GPUS / LLAMA3_INTERRUPTIONS  # 50,677 GPU-hours (~5.8 years) per GPU
-QUORUM_SECONDS = 0.012
-"""Quorum + commit vote per step: the median measured on the CPU bench (configs/bench/fault_tolerance.toml, 2 groups
-x FSDP 2, AMD EPYC 2 cores, under load; docs/benchmarks/fault-tolerance-bench.md). On a cluster: one RPC to the
+QUORUM_SECONDS = 0.021
+"""Quorum + commit vote per step: the median (0.0206 s; quartiles 0.013 / 0.038 s; 120 steps) measured on the CPU
+bench (configs/bench/fault_tolerance.toml, 2 groups x FSDP 2, AMD EPYC 2 cores, load average ~13, 2026-12-02;
+docs/benchmarks/bench-fault-tolerance/); it includes waiting for the slower group. On a cluster: one RPC to the
 Lighthouse and one vote among the groups' managers per step; pass --ft-quorum-seconds with a measured figure."""
 HEARTBEAT_SECONDS = 2.0
 """The Lighthouse declares a silent group dead after this (`meshforge ft lighthouse --heartbeat-timeout-ms`)."""

@@ -125,6 +125,13 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def expert_biases(state: TrainState) -> list[torch.Tensor]:
+    """The MoE layers' expert-bias buffers of this rank's model parts (routing state outside the parameters)."""
+    from meshforge.model.moe import moe_layers
+
+    return [m.expert_bias for part in state.model_parts for m in moe_layers(part) if m.expert_bias is not None]
+
+
 @dataclass
 class FaultTolerance:
     """torchft around one group's training state; built by ``build`` after the model and optimizer exist."""
@@ -140,6 +147,7 @@ class FaultTolerance:
     log: Path | None = None
     started: float = field(default_factory=time.perf_counter)
     quorum_s: float = 0.0  # this step's quorum (start_quorum) and commit vote, in the ft_steps log (plan's default)
+    biases: list[torch.Tensor] = field(default_factory=list)  # MoE expert biases at the step's start (a retry's)
 
     def start(self) -> None:
         torchft = import_torchft()
@@ -194,6 +202,7 @@ class FaultTolerance:
             "lr_step": s.scheduler.last_epoch,
             "loader": s.loader.state_dict(),
             "step": s.step - 1,  # called at the start of step s.step: s.step - 1 are done
+            "expert_bias": [b.detach().clone() for b in expert_biases(s)],  # MoE routing state (a buffer)
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
@@ -210,6 +219,9 @@ class FaultTolerance:
         s.scheduler.load_state_dict({**s.scheduler.state_dict(), **position})
         s.scheduler.step()
         s.loader.load_state_dict(saved["loader"])
+        with torch.no_grad():
+            for bias, value in zip(expert_biases(s), saved["expert_bias"], strict=True):
+                bias.copy_(value)
         self.recovered = int(saved["step"])
 
     @staticmethod
@@ -226,6 +238,7 @@ class FaultTolerance:
         """The quorum (and a live recovery when this group is behind), before the step's first batch."""
         self.retry, self.recovered = False, None
         self.position = self.state.loader.state_dict()
+        self.biases = [b.detach().clone() for b in expert_biases(self.state)]
         began = time.perf_counter()
         try:
             self.manager.start_quorum()
@@ -256,6 +269,10 @@ class FaultTolerance:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
+    def sum_across(self, t: torch.Tensor) -> None:
+        """Sum ``t`` over the quorum's replica groups in place (MoE expert loads: train/moe_balance.py)."""
+        self.manager.allreduce(t, reduce_op=dist.ReduceOp.SUM).wait()
+
     def should_commit(self) -> bool:
         """True: step the optimizer. False: the step failed somewhere (a replica died): rewind and retry."""
         waiting = self.manager._min_replica_size > self.cfg.fault_tolerance.min_replica_size
@@ -266,6 +283,9 @@ class FaultTolerance:
             return True
         self.state.optimizer.zero_grad(set_to_none=True)
         self.state.loader.load_state_dict(self.position)
+        with torch.no_grad():  # the failed step's expert-bias update is undone with it
+            for bias, value in zip(expert_biases(self.state), self.biases, strict=True):
+                bias.copy_(value)
         self.retry = True
         if waiting:  # before the first commit: the other groups are still starting
             if time.perf_counter() - self.started > self.cfg.comm.init_timeout_seconds:
@@ -289,9 +309,9 @@ class FaultTolerance:
         assert self.log is not None
         s = self.state
         digest = hashlib.sha256()
-        for part in s.model_parts:
-            for p in part.parameters():
-                digest.update(local(p.detach()).contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+        tensors = [local(p.detach()) for part in s.model_parts for p in part.parameters()] + expert_biases(s)
+        for t in tensors:  # parameters and the MoE routing state: what must match across groups
+            digest.update(t.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
         row = {
             "step": s.step,
             "t": time.time(),

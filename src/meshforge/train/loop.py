@@ -291,7 +291,8 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     loss = torch.stack(losses).mean()
     if state.model_args.is_moe:  # expert-bias update from this step's global expert loads (train/moe_balance.py)
         meshes = sub_mesh(state.mesh, "dp_cp"), sub_mesh(state.mesh, "pp")
-        state.moe_metrics = balance_experts(state.model_parts, *meshes, state.model_args.load_balance_coeff)
+        across = state.ft.sum_across if state.ft is not None else None  # replica groups: the global load
+        state.moe_metrics = balance_experts(state.model_parts, *meshes, state.model_args.load_balance_coeff, across)
     if state.ft is not None and not state.ft.should_commit():  # a replica failed: the step is retried
         return loss, grad_norm
     if state.guard.should_skip(state.step, grad_norm, loss):  # the same decision on every rank (global norm)

@@ -8,6 +8,8 @@ route the same tokens and pipeline stages own different layers, so neither takes
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -19,10 +21,15 @@ from meshforge.model.moe import moe_layers
 
 @torch.no_grad()
 def balance_experts(
-    model_parts: list[nn.Module], dp_cp_mesh: DeviceMesh | None, pp_mesh: DeviceMesh | None, coeff: float
+    model_parts: list[nn.Module],
+    dp_cp_mesh: DeviceMesh | None,
+    pp_mesh: DeviceMesh | None,
+    coeff: float,
+    across: Callable[[torch.Tensor], None] | None = None,
 ) -> dict[str, float]:
     """Update the expert biases from this step's loads (coeff 0: only measure); returns the max/mean expert load of
-    the most imbalanced MoE layer (``moe_max_load``: 1.0 = perfectly balanced; over all pipeline stages)."""
+    the most imbalanced MoE layer (``moe_max_load``: 1.0 = perfectly balanced; over all pipeline stages). ``across``
+    sums the counts over torchft's replica groups too (train/fault_tolerance.py), so every group sees HSDP's load."""
     layers = [m for part in model_parts for m in moe_layers(part)]
     if not layers and pp_mesh is None:
         return {}
@@ -31,6 +38,8 @@ def balance_experts(
     counts = torch.stack([m.tokens_per_expert for m in layers])  # (moe layers, experts)
     if dp_cp_mesh is not None:
         dist.all_reduce(counts, group=dp_cp_mesh.get_group())
+    if across is not None:
+        across(counts)
     mean = counts.mean(dim=1, keepdim=True)
     if coeff > 0:
         delta = coeff * torch.sign(mean - counts)
