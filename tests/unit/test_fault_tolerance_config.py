@@ -44,6 +44,15 @@ def test_groups_of_different_sizes_are_refused() -> None:
         ft.check_quorum(["meshforge_w2_r0:a", "meshforge_w4_r1:b"], "meshforge_w4_r1", step=1)
 
 
+def test_groups_of_the_same_size_but_another_layout_are_refused() -> None:
+    pp2 = ft.replica_name(load_config(None, ["--parallelism.pipeline_parallel_degree", "2"]), 2)
+    fsdp2 = ft.replica_name(load_config(None, ["--fault_tolerance.replica_id", "0"]), 2)
+    assert pp2 == "meshforge_w2-pp2-tp1-cp1-ep1_r0" and fsdp2 == "meshforge_w2_r0"  # plain FSDP keeps the short id
+    with pytest.raises(ConfigError, match=r"different layouts \(w2 vs w2-pp2-tp1-cp1-ep1\)"):
+        ft.check_quorum([fsdp2 + ":a", pp2.replace("_r0", "_r1") + ":b"], pp2.replace("_r0", "_r1"), step=1)
+    ft.check_quorum([pp2 + ":a", pp2.replace("_r0", "_r1") + ":b"], pp2, step=1)  # the same layout: accepted
+
+
 def test_the_managers_quorum_is_checked_as_it_arrives() -> None:
     fake = SimpleNamespace(_quorum=lambda **kw: SimpleNamespace(replica_ids=["meshforge_w2_r1:x", "meshforge_w2_r1:y"]))
     client = ft._CheckedClient(fake, "meshforge_w2_r1", lambda: 1)

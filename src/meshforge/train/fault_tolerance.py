@@ -50,8 +50,13 @@ def import_torchft() -> Any:
 
 
 def replica_name(cfg: JobConfig, world_size: int) -> str:
-    """The id this group announces: its group size and replica id (torchft takes the trailing digits as the id)."""
-    return f"meshforge_w{world_size}_r{cfg.fault_tolerance.replica_id}"
+    """The id this group announces: its group size, its layout when not plain FSDP (``-pp2-tp1-cp1-ep1``) and its
+    replica id (torchft takes the trailing digits as the id)."""
+    par = cfg.parallelism
+    degrees = [("pp", par.pipeline_parallel_degree), ("tp", par.tensor_parallel_degree)]
+    degrees += [("cp", par.context_parallel_degree), ("ep", par.expert_parallel_degree)]
+    tag = "".join(f"-{axis}{d}" for axis, d in degrees) if any(d > 1 for _, d in degrees) else ""
+    return f"meshforge_w{world_size}{tag}_r{cfg.fault_tolerance.replica_id}"
 
 
 def num_groups(cfg: JobConfig) -> int:
@@ -92,7 +97,8 @@ def check_quorum(replica_ids: list[str], mine: str, step: int) -> None:
         return
     names = [r.split(":")[0] for r in replica_ids]
     ids = [n.rsplit("_r", 1)[-1] for n in names]
-    sizes = sorted({n.split("_w", 1)[-1].split("_r", 1)[0] for n in names})
+    layouts = sorted({n.split("_w", 1)[-1].split("_r", 1)[0] for n in names})
+    sizes = sorted({layout.split("-")[0] for layout in layouts})
     my_id = mine.rsplit("_r", 1)[-1]
     if ids.count(my_id) > 1:
         raise ConfigError(
@@ -103,6 +109,12 @@ def check_quorum(replica_ids: list[str], mine: str, step: int) -> None:
         raise ConfigError(
             f"replica groups of different sizes ({' vs '.join(sizes)} ranks) joined the same Lighthouse: every group "
             "must have the same layout (rank r of each group holds the same shards)"
+        )
+    if len(layouts) > 1:
+        raise ConfigError(
+            f"replica groups of different layouts ({' vs '.join('w' + x for x in layouts)}) joined the same "
+            "Lighthouse: rank r of each group must hold the same pipeline stage and shards; give every group the same "
+            "--parallelism.* degrees"
         )
 
 
