@@ -70,3 +70,30 @@ def test_replica_id_out_of_range_and_the_data_slots() -> None:
     )
     assert ft.data_shard(cfg, dp_rank=1, dp=2) == (3, 4)  # group 1's dp rank 1 reads slot 3 of 4
     assert ft.data_shard(load_config(None, []), dp_rank=1, dp=2) == (1, 2)
+
+
+def test_a_retried_step_restores_the_expert_biases_and_recovery_carries_them() -> None:
+    import torch
+
+    from meshforge.model.flavors import get_flavor
+    from meshforge.model.moe import MoE
+
+    cfg = load_config(None, ["--fault_tolerance.enable", "--fault_tolerance.start_together", "false"])
+    moe = MoE(get_flavor("debugmoe"), None)
+    assert moe.expert_bias is not None
+    moe.expert_bias += 0.5
+    loader = SimpleNamespace(state_dict=lambda: {"pos": 3}, load_state_dict=lambda s: None)
+    optimizer = SimpleNamespace(zero_grad=lambda set_to_none: None, state={})
+    scheduler = SimpleNamespace(last_epoch=4, state_dict=dict, load_state_dict=lambda s: None, step=lambda: None)
+    state = SimpleNamespace(model_parts=[moe], loader=loader, optimizer=optimizer, metrics=SimpleNamespace(console=0))
+    state.scheduler, state.step = scheduler, 5
+    manager = SimpleNamespace(start_quorum=lambda: None, should_commit=lambda: False, _min_replica_size=1)
+    wrapper = ft.FaultTolerance(cfg, state, manager=manager)  # type: ignore[arg-type]
+    wrapper.start_step()
+    moe.expert_bias += 1.0  # the step's bias update (train/moe_balance.py), then the commit is refused
+    assert not wrapper.should_commit() and wrapper.retry
+    assert torch.equal(moe.expert_bias, torch.full_like(moe.expert_bias, 0.5))  # as before the failed step
+    saved = wrapper.state_dict()  # what a live peer sends a recovering group
+    moe.expert_bias.zero_()
+    wrapper.load_state_dict(saved)
+    assert torch.equal(moe.expert_bias, torch.full_like(moe.expert_bias, 0.5)) and wrapper.recovered == 4
