@@ -5,7 +5,8 @@ Each cell is *parity-tested* (against one process, the test named: losses, and g
 them), *runs* (smoke-tested,
 finite losses), *refused* (one-line reason and the nearest working setting; training raises it before step 1) or
 *untested* (no test covers it yet: nothing is claimed). Adding a parallelism or a feature is one entry in
-``PARALLELISMS`` / ``FEATURES``; a measured cell is one entry in ``CELLS``.
+``PARALLELISMS`` / ``FEATURES``; a cell another test measures or a refusal is one entry in ``CELLS``; the cells the
+covering-array matrix test proves are ``MEASURED`` (parallel/composability_measured.py, regenerated from its run).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from meshforge.errors import ConfigError
+from meshforge.parallel.composability_measured import MATRIX_TEST, MEASURED
 from meshforge.parallel.pipeline.catalog import SCHEDULES, SPLIT_BACKWARD
 
 Status = Literal["parity-tested", "runs", "refused", "untested"]
@@ -96,6 +98,31 @@ CELLS: dict[tuple[str, str], Cell] = {
         for name in SCHEDULES
         if name in SPLIT_BACKWARD
     },
+    **{
+        (f"pp_{name}", "compile"): Cell(
+            "refused",
+            "torch cannot split the backward of compiled blocks into input and weight gradients",
+            "compile.enable = false, or the 1F1B / Interleaved1F1B schedule",
+        )
+        for name in SCHEDULES
+        if name in SPLIT_BACKWARD
+    },
+    **{
+        (f"pp_{name}", "tied_embeddings"): Cell(
+            "refused",
+            "the embedding and the output projection live on different pipeline stages",
+            "model.tie_embeddings = 'false', or pipeline_parallel_degree 1",
+        )
+        for name in SCHEDULES
+    },
+    **{
+        (cp, "document_mask"): Cell(
+            "refused",
+            "the document mask is not sharded over context-parallel ranks yet",
+            "training.document_mask = false, or context_parallel_degree 1",
+        )
+        for cp in ("cp_allgather", "cp_ring")
+    },
 }
 
 
@@ -103,7 +130,10 @@ def cell(parallelism: str, feature: str) -> Cell:
     """The table's cell (``untested`` where nothing is recorded); unknown names are a bug, not a user mistake."""
     if parallelism not in PARALLELISMS or feature not in FEATURES:
         raise KeyError(f"composability table has no cell ({parallelism!r}, {feature!r})")
-    return CELLS.get((parallelism, feature), Cell("untested"))
+    if (parallelism, feature) in CELLS:
+        return CELLS[parallelism, feature]
+    measured = MEASURED.get((parallelism, feature))
+    return Cell(measured, MATRIX_TEST) if measured else Cell("untested")
 
 
 def refusal(parallelisms: list[str], features: list[str]) -> ConfigError | None:
@@ -147,6 +177,28 @@ def active_features(*, ac_mode: str, ac_option: str, compile_enabled: bool, floa
     """The table's feature columns for an AC mode / option, compile and a Float8 recipe ("" = off)."""
     ac = {"none": "ac_none", "full": "ac_full"}.get(ac_mode, "ac_selective_op" if ac_option == "op" else "ac_every_n")
     return [ac] + (["compile"] if compile_enabled else []) + ([f"float8_{float8_recipe}"] if float8_recipe else [])
+
+
+def job_features(cfg: Any, model_args: Any) -> list[str]:
+    """Every feature column a job uses, from its JobConfig and its resolved ModelArgs (duck-typed: torch-free)."""
+    ac, training, float8 = cfg.activation_checkpoint, cfg.training, cfg.quantize.dense.float8
+    out = active_features(
+        ac_mode=ac.mode,
+        ac_option=ac.selective_ac_option,
+        compile_enabled=cfg.compile.enable,
+        float8_recipe=float8.recipe_name if float8.enable else "",
+    )
+    flags = {
+        "document_mask": training.document_mask,
+        "validation": cfg.validation.enable,
+        "checkpoint": cfg.checkpoint.enable,
+        "tied_embeddings": model_args.tie_embeddings,
+        "qwen_qk_norm_bias": model_args.qk_norm or model_args.qkv_bias,
+        "moe": model_args.is_moe,
+        "loss_chunks": training.loss_chunks > 1,
+        "activation_offload": ac.offload,
+    }
+    return out + [name for name, on in flags.items() if on]
 
 
 def counts() -> dict[str, int]:
