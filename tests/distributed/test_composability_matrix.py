@@ -5,15 +5,18 @@ step 1 with a one-line ConfigError; every refused cell of the table gets a job. 
 any cell that behaves otherwise than the table says: a refused job where the table refuses nothing, a job that ran
 through a refused cell, a cell the run reached that the table calls untested, or a matrix claim the run did not make.
 
-CI (``make test``) runs the pairwise cover with compile's ``aot_eager`` backend (dynamo's tracing and AOT autograd,
-where composability breaks, without inductor's C++ builds); ``make test-matrix`` (MESHFORGE_MATRIX=full) runs the
-3-wise cover with inductor. Jobs of one world size share one launch (a fresh process group and port per job).
+CI (``make test``) runs the pairwise cover over six layouts (matrix_cover.CI_LAYOUTS); ``make test-matrix``
+(MESHFORGE_MATRIX=full) runs it over every layout (MESHFORGE_MATRIX_STRENGTH=3: 3-wise). Compile uses the
+``aot_eager`` backend (dynamo's tracing and AOT autograd, where composability breaks, without inductor's C++ builds;
+MESHFORGE_MATRIX_BACKEND=inductor for those). Jobs of one world size share one launch (a fresh process group and port
+per job).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import multiprocessing as mp
 import os
 import tempfile
 import time
@@ -22,7 +25,7 @@ from typing import Any
 
 import matrix_cover as mc
 import pytest
-from launcher import free_port, run_ranks
+from launcher import _child, free_port
 
 from meshforge.parallel import composability as table
 
@@ -75,15 +78,34 @@ def run_batch(jobs: list[tuple[str, list[str], int]]) -> list[tuple[str, str, An
 
 
 def launch(world: int, jobs: dict[str, list[str]]) -> dict[str, tuple[str, Any]]:
+    """The jobs on ``world`` forked ranks (launcher._child); the first rank's error ends every rank at once. Every
+    rank must see the same outcome of every job (a refusal on one rank alone leaves the others in a collective)."""
     batch = [(name, args, free_port()) for name, args in jobs.items()]
-    results = run_ranks(run_batch, world, batch, timeout=120 + 60 * len(batch))[0]
-    return {name: (status, detail) for name, status, detail in results}
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(run_batch, r, world, free_port(), queue, (batch,))) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    try:
+        while len(results) < world:
+            rank, (kind, value) = queue.get(timeout=120 + 60 * len(batch))
+            assert kind == "ok", f"rank {rank}: {value}"
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(results) == world else 0.1)
+            if p.is_alive():
+                p.kill()
+    statuses = {r: [status for _, status, _ in res] for r, res in results.items()}
+    assert all(s == statuses[0] for s in statuses.values()), statuses
+    return {name: (status, detail) for name, status, detail in results[0]}
 
 
-def run_matrix(jobs: list[mc.Job], backend: str) -> dict[str, Any]:
+def run_matrix(jobs: list[mc.Job], backend: str, layouts: tuple[str, ...] | None) -> dict[str, Any]:
     """Every job and refusal job, batched by world size, and the single-process references."""
     named = {f"job{i} {mc.describe(j)}": j for i, j in enumerate(jobs)}
-    named |= {f"refuse {row} x {col}: {mc.describe(j)}": j for (row, col), j in mc.refusal_jobs()}
+    named |= {f"refuse {row} x {col}: {mc.describe(j)}": j for (row, col), j in mc.refusal_jobs(layouts)}
     by_world: dict[int, dict[str, list[str]]] = {}
     for name, job in named.items():
         world, args = mc.overrides(job, compile_backend=backend)
@@ -131,38 +153,39 @@ def judge(run: dict[str, Any]) -> tuple[dict[tuple[str, str], str], list[str]]:
         entry = table.cell(*c)
         if entry.status == "untested":
             problems.append(f"cell {c}: the run proves {status!r}, the table says untested")
-    for c, status in sorted(table.MEASURED.items()):
-        if c not in proved or (status == "parity-tested" and proved[c] != "parity-tested"):
-            problems.append(f"cell {c}: the table claims {status!r} from the matrix, the run proved {proved.get(c)}")
+    for c, (status, test) in sorted(table.MEASURED.items()):
+        if test == run["test"] and (c not in proved or (status == "parity-tested" and proved[c] != status)):
+            problems.append(f"cell {c}: the table claims {status!r} from {test}, the run proved {proved.get(c)}")
     return proved, problems
 
 
-def record(proved: dict[tuple[str, str], str], seconds: float, n_jobs: int) -> None:
+def record(test: str, proved: dict[tuple[str, str], str], seconds: float, n_jobs: int) -> None:
     """MESHFORGE_MATRIX_OUT=path: the proved cells and the wall time as JSON (to regenerate MEASURED)."""
     out = os.environ.get("MESHFORGE_MATRIX_OUT")
     if out:
         cells = {f"{p}|{f}": s for (p, f), s in sorted(proved.items()) if (p, f) not in table.CELLS}
-        Path(out).write_text(json.dumps({"seconds": seconds, "jobs": n_jobs, "cells": cells}, indent=1))
+        info = {"test": test, "seconds": round(seconds), "jobs": n_jobs, "counts_before": table.counts()}
+        Path(out).write_text(json.dumps({**info, "cells": cells}, indent=1))
 
 
-def check(strength: int, backend: str) -> None:
+def check(test: str, strength: int, layouts: tuple[str, ...] | None) -> None:
     start = time.perf_counter()
-    jobs = mc.cover(strength)
-    run = run_matrix(jobs, backend)
+    backend = os.environ.get("MESHFORGE_MATRIX_BACKEND", "aot_eager")
+    run = run_matrix(mc.cover(strength, layouts=layouts), backend, layouts) | {"test": test}
     proved, problems = judge(run)
-    record(proved, time.perf_counter() - start, len(run["named"]))
+    record(test, proved, time.perf_counter() - start, len(run["named"]))
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.skipif(FULL, reason="make test-matrix runs the 3-wise cover instead")
 def test_pairwise_matrix() -> None:
-    check(2, "aot_eager")
+    """CI: the pairwise cover over the CI layouts (matrix_cover.CI_LAYOUTS)."""
+    check("test_pairwise_matrix", 2, mc.CI_LAYOUTS)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(7200)
-@pytest.mark.skipif(not FULL, reason="the 3-wise cover with inductor: make test-matrix (MESHFORGE_MATRIX=full)")
+@pytest.mark.timeout(14400)
+@pytest.mark.skipif(not FULL, reason="every layout, pairwise (3-wise: MESHFORGE_MATRIX_STRENGTH=3): make test-matrix")
 def test_full_matrix() -> None:
-    check(3, "inductor")
+    check("test_full_matrix", int(os.environ.get("MESHFORGE_MATRIX_STRENGTH", "2")), None)

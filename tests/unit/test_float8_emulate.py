@@ -79,3 +79,18 @@ def test_a_cpu_run_is_emulated_by_default_and_the_banner_says_so(capsys: pytest.
     records = train(load_config(None, argv))
     banner = next(line for line in capsys.readouterr().out.splitlines() if "compute dtype" in line)
     assert "Float8 tensorwise emulated in high precision (auto)" in banner and len(records) == 1
+
+
+def test_a_pipeline_stage_without_blocks_converts_nothing_without_error() -> None:
+    """The matrix found it: under a V schedule the last stage holds only the norm and the (filtered) output."""
+    from meshforge.model.flavors import get_flavor
+    from meshforge.model.llama import build_model
+    from meshforge.parallel.float8 import apply_float8
+
+    model = build_model(get_flavor("debugmodel").with_seq_len(32))
+    model.layers = torch.nn.ModuleDict()  # the blocks live on other stages
+    model.tok_embeddings = None  # type: ignore[assignment]
+    assert apply_float8(model, Float8(enable=True), fsdp=False) == []
+    blocks = build_model(get_flavor("debugmodel").with_seq_len(32))
+    with pytest.raises(ConfigError, match="no linear layer qualifies"):  # blocks, every layer filtered: still refused
+        apply_float8(blocks, Float8(enable=True, filter_fqns=["layers", "output"]), fsdp=False)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from meshforge.errors import ConfigError
-from meshforge.parallel.composability_measured import MATRIX_TEST, MEASURED
+from meshforge.parallel.composability_measured import MATRIX_FILE, MEASURED
 from meshforge.parallel.pipeline.catalog import SCHEDULES, SPLIT_BACKWARD
 
 Status = Literal["parity-tested", "runs", "refused", "untested"]
@@ -115,6 +115,11 @@ CELLS: dict[tuple[str, str], Cell] = {
         )
         for name in SCHEDULES
     },
+    ("cp_ring", "compile"): Cell(
+        "refused",
+        "ring attention's point-to-point sends do not trace inside compiled blocks",
+        "context_parallel_impl = 'allgather' (or 'auto'), or compile.enable = false",
+    ),
     **{
         (cp, "document_mask"): Cell(
             "refused",
@@ -132,8 +137,10 @@ def cell(parallelism: str, feature: str) -> Cell:
         raise KeyError(f"composability table has no cell ({parallelism!r}, {feature!r})")
     if (parallelism, feature) in CELLS:
         return CELLS[parallelism, feature]
-    measured = MEASURED.get((parallelism, feature))
-    return Cell(measured, MATRIX_TEST) if measured else Cell("untested")
+    if (parallelism, feature) in MEASURED:
+        status, test = MEASURED[parallelism, feature]
+        return Cell(status, f"{MATRIX_FILE}::{test}")
+    return Cell("untested")
 
 
 def refusal(parallelisms: list[str], features: list[str]) -> ConfigError | None:

@@ -115,7 +115,8 @@ def precompute_float8_scales(model_parts: list[nn.Module]) -> None:
 
 
 def apply_float8(model: nn.Module, cfg: Float8, *, fsdp: bool) -> list[str]:
-    """Convert the eligible linear layers of ``model`` in place; returns the names of the converted layers."""
+    """Convert the eligible linear layers of ``model`` in place; returns the names of the converted layers. None is
+    an error, except in a pipeline stage without transformer blocks (only the embedding or the filtered output)."""
     float8 = torchao()
     float8_linear = torchao("torchao.float8.float8_linear").Float8Linear
     config = float8.Float8LinearConfig.from_recipe_name(cfg.recipe_name)
@@ -124,7 +125,8 @@ def apply_float8(model: nn.Module, cfg: Float8, *, fsdp: bool) -> list[str]:
     config = dataclasses.replace(config, emulate=emulate, enable_fsdp_float8_all_gather=float8_all_gather)
     float8.convert_to_float8_training(model, module_filter_fn=float8_filter(cfg.filter_fqns), config=config)  # type: ignore[arg-type]
     converted = [name for name, module in model.named_modules() if isinstance(module, float8_linear)]
-    if not converted:
+    blocks = getattr(model, "layers", None)
+    if not converted and (blocks is None or len(blocks) > 0):  # a pipeline stage of no blocks has none to convert
         raise ConfigError(
             "quantize.dense.float8.enable = true but no linear layer qualifies (all are filtered by "
             f"quantize.dense.float8.filter_fqns = {cfg.filter_fqns} or have dimensions not divisible by 16)"
