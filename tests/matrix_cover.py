@@ -97,12 +97,15 @@ FACTORS: dict[str, list[str]] = {
     **{name: ["off", "on"] for name in SWITCHES},
 }
 CI_LAYOUTS = ("fsdp", "tp", "pp_1F1B", "pp_ZBVZeroBubble", "cp_allgather", "ep")
-"""The layouts of CI's pairwise cover (``make test``: a few minutes on 2 cores); ``make test-matrix`` covers every
-layout. Together they reach every row but async TP (CUDA only) and the CSV schedule."""
+"""The layouts of CI's pairwise cover (``make test``: minutes on 2 cores), run without compile (a compiled job costs
+minutes there); ``make test-matrix`` covers every layout with compile. Together they reach every row but async TP
+(CUDA only) and the CSV schedule."""
 MODEL_COLUMN = {"debugmoe": "moe", "qwen3": "qwen_qk_norm_bias"}
 AC_COLUMN = {"none": "ac_none", "op": "ac_selective_op", "every_2": "ac_every_n", "full": "ac_full"}
 
 Job = dict[str, str]
+COST = {("compile", "on"): 2, ("float8", "tensorwise"): 1, ("float8", "rowwise"): 1}
+"""Among values that cover as many new tuples, the greedy takes the cheaper (a compiled job costs the most)."""
 
 
 def columns(factor: str, value: str) -> list[str]:
@@ -141,9 +144,16 @@ def forbidden(a: tuple[str, str], b: tuple[str, str]) -> bool:
     return any(table.cell(row, col).status == "refused" for row in rows for col in columns(other, pair[other]))
 
 
+def interaction(job: Job) -> table.Interaction | None:
+    """The table's three-way refusal a (partial) job hits, if any."""
+    rows = set(ROWS[job["layout"]]) if "layout" in job else set()
+    cols = {c for f, v in job.items() for c in columns(f, v)}
+    return next((r for r in table.INTERACTIONS if rows & r.rows and r.features <= cols), None)
+
+
 def allowed(job: Job) -> bool:
     items = list(job.items())
-    return not any(forbidden(a, b) for a, b in itertools.combinations(items, 2))
+    return not any(forbidden(a, b) for a, b in itertools.combinations(items, 2)) and interaction(job) is None
 
 
 def tuples_of(job: Job, strength: int) -> set[tuple[tuple[str, str], ...]]:
@@ -152,8 +162,10 @@ def tuples_of(job: Job, strength: int) -> set[tuple[tuple[str, str], ...]]:
 
 
 def factors(layouts: Iterable[str] | None = None) -> dict[str, list[str]]:
-    """FACTORS with the layout factor cut to ``layouts`` (None: every layout)."""
-    return FACTORS if layouts is None else {**FACTORS, "layout": list(layouts)}
+    """FACTORS with the layout factor cut to ``layouts`` (None: every layout); CI's layouts run uncompiled."""
+    if layouts is None:
+        return FACTORS
+    return {**FACTORS, "layout": list(layouts), **({"compile": ["off"]} if tuple(layouts) == CI_LAYOUTS else {})}
 
 
 def required(
@@ -172,7 +184,8 @@ def required(
 
 def cover(strength: int = 2, seed: int = 0, tries: int = 24, layouts: Iterable[str] | None = None) -> list[Job]:
     """A greedy t-wise covering array (AETG-style): seed each job with an uncovered tuple, fill the other factors
-    one at a time with the value that covers most new tuples (ties at random), keep the best of ``tries``."""
+    one at a time with the value that covers most new tuples (ties: the cheaper, then at random), keep the best of
+    ``tries``."""
     rng = random.Random(seed)
     space = factors(layouts)
     todo = required(strength, layouts=layouts)
@@ -201,10 +214,10 @@ def _grow(
             trial = {**job, name: value}
             if allowed(trial):
                 new = sum(1 for t in itertools.combinations(sorted(trial.items()), strength) if t in todo)
-                scored.append((new, rng.random(), value))
+                scored.append((new, -COST.get((name, value), 0), rng.random(), value))
         if not scored:
             return {}
-        job[name] = max(scored)[2]
+        job[name] = max(scored)[3]
     return job
 
 
@@ -224,6 +237,13 @@ def refusal_jobs(layouts: Iterable[str] | None = None) -> list[tuple[tuple[str, 
                             if layout == "ep":
                                 job["model"] = "debugmoe"
                             out.append(((row, col), job))
+    space = factors(layouts)
+    for rule in table.INTERACTIONS:  # one job per three-way refusal, on the first layout that reaches it
+        job = {**plain, **{f: v for f, vs in space.items() for v in vs if set(columns(f, v)) & rule.features}}
+        for layout in space["layout"]:
+            if set(ROWS[layout]) & rule.rows and rule.features <= {c for f, v in job.items() for c in columns(f, v)}:
+                out.append(((sorted(rule.rows)[0], "+".join(sorted(rule.features))), {**job, "layout": layout}))
+                break
     firsts: dict[tuple[str, str], Job] = {}
     for key, job in out:
         firsts.setdefault(key, job)

@@ -142,7 +142,8 @@ def judge(run: dict[str, Any]) -> tuple[dict[tuple[str, str], str], list[str]]:
     problems: list[str] = []
     for name, job in run["named"].items():
         got = outcome(job, run["results"][name], run["results"])
-        refused = [c for c in mc.cells(job) if table.cell(*c).status == "refused"]
+        refused: list[object] = [c for c in mc.cells(job) if table.cell(*c).status == "refused"]
+        refused += [rule.reason for rule in [mc.interaction(job)] if rule is not None]
         if got == "refused" and not refused:
             problems.append(f"{name}: refused ({run['results'][name][1][0]}) but the table refuses none of its cells")
         if got != "refused" and refused:

@@ -133,3 +133,13 @@ def test_the_dry_run_refuses_chunked_loss_under_tp(capsys: pytest.CaptureFixture
     argv = ["train", "--dry-run", "--world-size", "2", "--parallelism.tensor_parallel_degree", "2"]
     assert main([*argv, "--training.loss_chunks", "2"]) == 2
     assert "loss_chunks" in capsys.readouterr().err
+
+
+def test_a_three_way_refusal_needs_all_of_its_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    from meshforge.cli import main
+
+    assert table.refusal(["tp_sp"], ["ac_full", "compile"]) is not None
+    assert table.refusal(["tp_sp"], ["ac_none", "compile"]) is None and table.refusal(["tp_sp"], ["ac_full"]) is None
+    argv = ["train", "--dry-run", "--world-size", "2", "--parallelism.tensor_parallel_degree", "2", "--compile.enable"]
+    assert main([*argv, "--activation_checkpoint.mode", "full"]) == 2
+    assert "activation_checkpoint.mode = 'none'" in capsys.readouterr().err

@@ -131,6 +131,27 @@ CELLS: dict[tuple[str, str], Cell] = {
 }
 
 
+@dataclass(frozen=True)
+class Interaction:
+    """A refusal of three or more settings together: any of ``rows`` with all of ``features`` (each pair runs)."""
+
+    rows: frozenset[str]
+    features: frozenset[str]
+    reason: str
+    alternative: str
+
+
+INTERACTIONS: list[Interaction] = [
+    Interaction(
+        frozenset({"tp_sp"}),
+        frozenset({"compile", "ac_full"}),
+        "AOT autograd saves a DeviceMesh among the tensors of a compiled, fully recomputed TP block (torch 2.13:"
+        " 'expected all tensors_saved_with_vc_check to be Tensors')",
+        "activation_checkpoint.mode = 'none', or compile.enable = false",
+    ),
+]
+
+
 def cell(parallelism: str, feature: str) -> Cell:
     """The table's cell (``untested`` where nothing is recorded); unknown names are a bug, not a user mistake."""
     if parallelism not in PARALLELISMS or feature not in FEATURES:
@@ -152,6 +173,13 @@ def refusal(parallelisms: list[str], features: list[str]) -> ConfigError | None:
                 return ConfigError(
                     f"{PARALLELISMS[p]} with {FEATURES[f]} is refused: {c.evidence}; use {c.alternative}"
                 )
+    for rule in INTERACTIONS:
+        hit = [p for p in parallelisms if p in rule.rows]
+        if hit and rule.features <= set(features):
+            together = " + ".join(FEATURES[f] for f in sorted(rule.features))
+            return ConfigError(
+                f"{PARALLELISMS[hit[0]]} with {together} is refused: {rule.reason}; use {rule.alternative}"
+            )
     return None
 
 
@@ -231,6 +259,13 @@ def render_markdown() -> str:
         "P = parity-tested against one process (losses and grad norms), R = runs (smoke-tested), X = refused before"
         " step 1 (reason and alternative below), · = untested (nothing claimed).",
         "",
+        "Most P / R cells are proved by the covering-array matrix (`tests/distributed/test_composability_matrix.py`):"
+        " 2-step jobs on debugmodel / debugmoe / a tiny Qwen3, 2 or 4 gloo ranks, fp32, every allowed pair of"
+        " feature values in some job; `make test` runs it over FSDP, TP, PP 1F1B, PP ZBV, CP all-gather and EP,"
+        " `make test-matrix` over every layout. A cell is P where a job through it matched one process (losses and"
+        " grad norms to 1e-5 relative), R where its jobs finished with finite losses. Compile cells of the matrix"
+        " trace with the aot_eager backend (dynamo + AOT autograd).",
+        "",
         "Counts: " + ", ".join(f"{k} {v}" for k, v in counts().items()) + ".",
         "",
         "| parallelism | " + " | ".join(FEATURES.values()) + " |",
@@ -243,6 +278,12 @@ def render_markdown() -> str:
         f"- {PARALLELISMS[p]} x {FEATURES[f]}: {c.evidence}; use {c.alternative}."
         for (p, f), c in CELLS.items()
         if c.status == "refused"
+    ]
+    lines += [
+        f"- {' / '.join(PARALLELISMS[p] for p in sorted(rule.rows))} x "
+        f"{' + '.join(FEATURES[f] for f in sorted(rule.features))} (together; each pair runs): {rule.reason}; use "
+        f"{rule.alternative}."
+        for rule in INTERACTIONS
     ]
     lines += ["", "## Evidence", ""]
     lines += [
