@@ -149,7 +149,8 @@ def judge(run: dict[str, Any]) -> tuple[dict[tuple[str, str], str], list[str]]:
         if got != "refused" and refused:
             problems.append(f"{name}: ran through refused cells {refused}")
         for c in mc.cells(job) if got != "refused" else []:
-            proved[c] = "parity-tested" if got == "parity" or proved.get(c) == "parity-tested" else "runs"
+            parity = got == "parity" and c[1] != "validation"  # validation losses are checked finite, not compared
+            proved[c] = "parity-tested" if parity or proved.get(c) == "parity-tested" else "runs"
     for c, status in sorted(proved.items()):
         entry = table.cell(*c)
         if entry.status == "untested":
