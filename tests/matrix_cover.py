@@ -145,10 +145,10 @@ def forbidden(a: tuple[str, str], b: tuple[str, str]) -> bool:
 
 
 def interaction(job: Job) -> table.Interaction | None:
-    """The table's three-way refusal a (partial) job hits, if any."""
+    """The table's three-way refusal a (partial) job hits on a CPU (where the matrix runs), if any."""
     rows = set(ROWS[job["layout"]]) if "layout" in job else set()
     cols = {c for f, v in job.items() for c in columns(f, v)}
-    return next((r for r in table.INTERACTIONS if rows & r.rows and r.features <= cols), None)
+    return next((r for r in table.INTERACTIONS if rows & r.rows and r.features <= cols and "cpu" in r.devices), None)
 
 
 def allowed(job: Job) -> bool:

@@ -133,12 +133,14 @@ CELLS: dict[tuple[str, str], Cell] = {
 
 @dataclass(frozen=True)
 class Interaction:
-    """A refusal of three or more settings together: any of ``rows`` with all of ``features`` (each pair runs)."""
+    """A refusal of three or more settings together: any of ``rows`` with all of ``features`` (each pair runs), on
+    the ``devices`` where it was measured (elsewhere nothing is claimed)."""
 
     rows: frozenset[str]
     features: frozenset[str]
     reason: str
     alternative: str
+    devices: frozenset[str]
 
 
 INTERACTIONS: list[Interaction] = [
@@ -148,6 +150,7 @@ INTERACTIONS: list[Interaction] = [
         "AOT autograd saves a DeviceMesh among the tensors of a compiled, fully recomputed TP block (torch 2.13:"
         " 'expected all tensors_saved_with_vc_check to be Tensors')",
         "activation_checkpoint.mode = 'none', or compile.enable = false",
+        frozenset({"cpu"}),  # aot_eager and inductor on CPU; not measured on CUDA (the 70B / 405B configs use it)
     ),
 ]
 
@@ -164,8 +167,9 @@ def cell(parallelism: str, feature: str) -> Cell:
     return Cell("untested")
 
 
-def refusal(parallelisms: list[str], features: list[str]) -> ConfigError | None:
-    """The first refused cell among the active parallelisms x features, as the one-line error, or None."""
+def refusal(parallelisms: list[str], features: list[str], device: str = "") -> ConfigError | None:
+    """The first refused cell among the active parallelisms x features (then the three-way refusals measured on
+    ``device``: "" checks none), as the one-line error, or None."""
     for p in parallelisms:
         for f in features:
             c = cell(p, f)
@@ -175,7 +179,7 @@ def refusal(parallelisms: list[str], features: list[str]) -> ConfigError | None:
                 )
     for rule in INTERACTIONS:
         hit = [p for p in parallelisms if p in rule.rows]
-        if hit and rule.features <= set(features):
+        if hit and rule.features <= set(features) and device in rule.devices:
             together = " + ".join(FEATURES[f] for f in sorted(rule.features))
             return ConfigError(
                 f"{PARALLELISMS[hit[0]]} with {together} is refused: {rule.reason}; use {rule.alternative}"
@@ -183,9 +187,9 @@ def refusal(parallelisms: list[str], features: list[str]) -> ConfigError | None:
     return None
 
 
-def check(parallelisms: list[str], features: list[str]) -> None:
-    """Raise the table's refusal for this combination, if any (before any process group or step)."""
-    error = refusal(parallelisms, features)
+def check(parallelisms: list[str], features: list[str], device: str = "") -> None:
+    """Raise the table's refusal for this combination on ``device``, if any (before any process group or step)."""
+    error = refusal(parallelisms, features, device)
     if error is not None:
         raise error
 
@@ -281,8 +285,8 @@ def render_markdown() -> str:
     ]
     lines += [
         f"- {' / '.join(PARALLELISMS[p] for p in sorted(rule.rows))} x "
-        f"{' + '.join(FEATURES[f] for f in sorted(rule.features))} (together; each pair runs): {rule.reason}; use "
-        f"{rule.alternative}."
+        f"{' + '.join(FEATURES[f] for f in sorted(rule.features))} (together, on {' / '.join(sorted(rule.devices))};"
+        f" each pair runs): {rule.reason}; use {rule.alternative}."
         for rule in INTERACTIONS
     ]
     lines += ["", "## Evidence", ""]

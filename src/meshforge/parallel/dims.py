@@ -189,10 +189,18 @@ class ParallelDims:
             check_cp_impl(parallelism.context_parallel_impl, device.type, compile_enabled=compile_enabled)
         check_ep_compile(self.ep, compile_enabled)
         check_float8_support(float8, device)
-        self.check_composability(parallelism, compile_enabled=compile_enabled, float8=float8, features=features)
+        self.check_composability(
+            parallelism, compile_enabled=compile_enabled, float8=float8, features=features, device_type=device.type
+        )
 
     def check_composability(
-        self, parallelism: Parallelism, *, compile_enabled: bool, float8: Float8, features: Sequence[str] = ()
+        self,
+        parallelism: Parallelism,
+        *,
+        compile_enabled: bool,
+        float8: Float8,
+        features: Sequence[str] = (),
+        device_type: str = "",
     ) -> None:
         """The composability table's refusals for this layout's compile / Float8 and ``features``
         (parallel/composability.py)."""
@@ -211,7 +219,7 @@ class ParallelDims:
             ep=self.ep,
             cp_impl=cp_impl,
         )
-        composability.check(rows, features)
+        composability.check(rows, features, device_type)
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
         """The named DeviceMesh over the axes of size > 1 (None for a single process), with the flattened axes."""
