@@ -145,4 +145,6 @@ def test_a_three_way_refusal_needs_all_of_its_settings(capsys: pytest.CaptureFix
     argv = ["train", "--dry-run", "--world-size", "2", "--training.device", "cpu", "--compile.enable"]
     argv += ["--parallelism.tensor_parallel_degree", "2"]
     assert main([*argv, "--activation_checkpoint.mode", "full"]) == 2
-    assert "activation_checkpoint.mode = 'none'" in capsys.readouterr().err
+    assert "selective_ac_option = 'op'" in capsys.readouterr().err
+    assert table.refusal(["tp_sp"], ["ac_every_n", "compile"], "cpu") is not None  # every N-th block: full AC too
+    assert table.refusal(["tp_sp"], ["ac_selective_op", "compile"], "cpu") is None

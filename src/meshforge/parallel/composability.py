@@ -143,15 +143,15 @@ class Interaction:
     devices: frozenset[str]
 
 
+_TP_RECOMPUTE = (
+    "AOT autograd saves a DeviceMesh among the tensors of a compiled, fully recomputed TP block (torch 2.13:"
+    " 'expected all tensors_saved_with_vc_check to be Tensors')"
+)
+_TP_RECOMPUTE_FIX = "activation_checkpoint.selective_ac_option = 'op' (per-op, measured to run) or mode = 'none'"
 INTERACTIONS: list[Interaction] = [
-    Interaction(
-        frozenset({"tp_sp"}),
-        frozenset({"compile", "ac_full"}),
-        "AOT autograd saves a DeviceMesh among the tensors of a compiled, fully recomputed TP block (torch 2.13:"
-        " 'expected all tensors_saved_with_vc_check to be Tensors')",
-        "activation_checkpoint.mode = 'none', or compile.enable = false",
-        frozenset({"cpu"}),  # aot_eager and inductor on CPU; not measured on CUDA (the 70B / 405B configs use it)
-    ),
+    # aot_eager and inductor on CPU; not measured on CUDA (the 70B / 405B configs use TP + compile + full AC there)
+    Interaction(frozenset({"tp_sp"}), frozenset({"compile", ac}), _TP_RECOMPUTE, _TP_RECOMPUTE_FIX, frozenset({"cpu"}))
+    for ac in ("ac_full", "ac_every_n")
 ]
 
 
