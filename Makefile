@@ -37,9 +37,10 @@ plan-loo: $(VENV)/.ready
 ft-proof: $(VENV)/.ready
 	MESHFORGE_FT_FIGURES=outputs/ft_figures.json $(PY) -m pytest -q -s tests/integration/test_fault_tolerance.py
 
-# the composability matrix's 3-wise cover with inductor (docs/composability.md; `make test` runs the pairwise cover)
+# the composability matrix over every layout, with compile (docs/composability.md; `make test` runs CI's pairwise cover);
+# outputs/matrix_full.json feeds `python -m meshforge.parallel.composability_measured ci.json outputs/matrix_full.json`
 test-matrix: $(VENV)/.ready
-	mkdir -p outputs && MESHFORGE_MATRIX=full MESHFORGE_MATRIX_LOG=outputs/matrix_jobs.log $(PY) -m pytest -q -s tests/distributed/test_composability_matrix.py::test_full_matrix
+	mkdir -p outputs && MESHFORGE_MATRIX=full MESHFORGE_MATRIX_LOG=outputs/matrix_jobs.log MESHFORGE_MATRIX_OUT=outputs/matrix_full.json $(PY) -m pytest -q -s tests/distributed/test_composability_matrix.py::test_full_matrix
 
 # the curated mutation check (tests/mutants/*.toml, scripts/mutants.py): not part of `make test`
 test-mutants: $(VENV)/.ready
