@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint venv clean test-compat test-fake-cuda plan-loo ft-proof test-mutants
+.PHONY: demo test lint venv clean test-compat test-fake-cuda plan-loo ft-proof test-mutants test-matrix
 venv: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -36,6 +36,11 @@ plan-loo: $(VENV)/.ready
 # the torchft kill-and-rejoin proof (docs/fault-tolerance.md; ~3 min under load); needs pip install -e '.[ft]'
 ft-proof: $(VENV)/.ready
 	MESHFORGE_FT_FIGURES=outputs/ft_figures.json $(PY) -m pytest -q -s tests/integration/test_fault_tolerance.py
+
+# the composability matrix over every layout, with compile (docs/composability.md; `make test` runs CI's pairwise cover);
+# outputs/matrix_full.json feeds `python -m meshforge.parallel.composability_measured ci.json outputs/matrix_full.json`
+test-matrix: $(VENV)/.ready
+	mkdir -p outputs && MESHFORGE_MATRIX=full MESHFORGE_MATRIX_LOG=outputs/matrix_jobs.log MESHFORGE_MATRIX_OUT=outputs/matrix_full.json $(PY) -m pytest -q -s tests/distributed/test_composability_matrix.py::test_full_matrix
 
 # the curated mutation check (tests/mutants/*.toml, scripts/mutants.py): not part of `make test`
 test-mutants: $(VENV)/.ready

@@ -79,8 +79,72 @@ def test_planner_layout_check_reads_the_table(monkeypatch: pytest.MonkeyPatch) -
 def test_float8_on_cpu_without_emulation_warns_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
     from meshforge.parallel.float8 import check_float8_support
 
-    check_float8_support(Float8(enable=True), torch.device("cpu"))
+    check_float8_support(Float8(enable=True, emulate=False), torch.device("cpu"))  # real kernels asked for on a CPU
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--quantize.dense.float8.emulate" in err
-    check_float8_support(Float8(enable=True, emulate=True), torch.device("cpu"))  # an explicit choice stays quiet
-    assert capsys.readouterr().err == ""
+    assert err.count("\n") == 1 and "--quantize.dense.float8.emulate auto" in err
+    for emulate in (True, "auto"):  # an explicit choice, and the default (emulated on a CPU), stay quiet
+        check_float8_support(Float8(enable=True, emulate=emulate), torch.device("cpu"))  # type: ignore[arg-type]
+        assert capsys.readouterr().err == ""
+
+
+def test_validate_features_refuses_the_jobs_ac_and_other_columns() -> None:
+    dims = ParallelDims(pp=2, dp_replicate=1, dp_shard=1, cp=1, tp=1, ep=1)
+    zbv = Parallelism(pipeline_parallel_degree=2, pipeline_parallel_schedule="ZBVZeroBubble")
+    args = dict(device=torch.device("cpu"), compile_enabled=False, float8=Float8())
+    dims.validate_features(zbv, **args, features=["ac_every_n"])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="selective_ac_option = 2"):
+        dims.validate_features(zbv, **args, features=["ac_selective_op"])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="tie_embeddings"):
+        dims.validate_features(zbv, **args, features=["ac_none", "tied_embeddings"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("index", range(0, 60, 7))
+def test_job_features_of_a_config_are_the_matrix_jobs_columns(index: int) -> None:
+    """composability.job_features (what training and the dry run refuse by) reads each matrix job's config as the
+    matrix test's own bookkeeping does (tests/matrix_cover.py)."""
+    import matrix_cover as mc
+
+    from meshforge.config.io import load_config
+    from meshforge.model.hf_config import resolve_model_args
+
+    jobs = mc.cover(2)
+    job = jobs[index % len(jobs)]
+    world, argv = mc.overrides(job)
+    cfg = load_config(None, argv)
+    columns = table.job_features(cfg, resolve_model_args(cfg.model, cfg.training.seq_len))
+    assert sorted(set(columns)) == sorted({c for _, c in mc.cells(job)}), mc.describe(job)
+    dims = ParallelDims.from_config(cfg.parallelism, world)
+    rows = table.active_parallelisms(
+        cfg.parallelism,
+        dp_replicate=dims.dp_replicate,
+        dp_shard=dims.dp_shard,
+        tp=dims.tp,
+        pp=dims.pp,
+        cp=dims.cp,
+        ep=dims.ep,
+        cp_impl=cfg.parallelism.context_parallel_impl,
+    )
+    assert sorted(rows) == sorted(mc.ROWS[job["layout"]]), mc.describe(job)
+
+
+def test_the_dry_run_refuses_chunked_loss_under_tp(capsys: pytest.CaptureFixture[str]) -> None:
+    from meshforge.cli import main
+
+    argv = ["train", "--dry-run", "--world-size", "2", "--parallelism.tensor_parallel_degree", "2"]
+    assert main([*argv, "--training.loss_chunks", "2"]) == 2
+    assert "loss_chunks" in capsys.readouterr().err
+
+
+def test_a_three_way_refusal_needs_all_of_its_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    from meshforge.cli import main
+
+    assert table.refusal(["tp_sp"], ["ac_full", "compile"], "cpu") is not None
+    assert table.refusal(["tp_sp"], ["ac_none", "compile"], "cpu") is None
+    assert table.refusal(["tp_sp"], ["ac_full"], "cpu") is None
+    assert table.refusal(["tp_sp"], ["ac_full", "compile"], "cuda") is None  # measured on CPU only: nothing claimed
+    argv = ["train", "--dry-run", "--world-size", "2", "--training.device", "cpu", "--compile.enable"]
+    argv += ["--parallelism.tensor_parallel_degree", "2"]
+    assert main([*argv, "--activation_checkpoint.mode", "full"]) == 2
+    assert "selective_ac_option = 'op'" in capsys.readouterr().err
+    assert table.refusal(["tp_sp"], ["ac_every_n", "compile"], "cpu") is not None  # every N-th block: full AC too
+    assert table.refusal(["tp_sp"], ["ac_selective_op", "compile"], "cpu") is None

@@ -61,10 +61,12 @@ def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
         typ = type_of(key)
         if eq:
             i += 1
-        elif typ is bool:
+        elif _switch(typ):
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             if nxt is not None and nxt.lower() in _TRUE | _FALSE:
                 raw, i = nxt, i + 2
+            elif nxt is not None and typ is not bool and not nxt.startswith("--"):
+                raw, i = nxt, i + 2  # a switch that also takes a word (bool | Literal["auto"])
             elif nxt is not None and not nxt.startswith("--"):
                 raise ConfigError(f"{key} = {nxt!r} is not a boolean (use true or false, or the bare switch)")
             else:
@@ -97,8 +99,15 @@ def type_of(dotted: str) -> Any:
     raise AssertionError("unreachable")
 
 
+def _switch(typ: Any) -> bool:
+    """A boolean, or a union with one (``bool | Literal["auto"]``): a bare ``--key`` means true."""
+    return typ is bool or (get_origin(typ) in (types.UnionType, typing.Union) and bool in get_args(typ))
+
+
 def coerce(key: str, raw: str, typ: Any) -> Any:
     """A CLI string to the field's type."""
+    if typ is not bool and _switch(typ):
+        return raw.lower() in _TRUE if raw.lower() in _TRUE | _FALSE else raw
     if typ is bool:
         if raw.lower() in _TRUE | _FALSE:
             return raw.lower() in _TRUE
@@ -150,6 +159,9 @@ def check_type(key: str, value: Any, typ: Any) -> Any:
                 return check_type(key, value, option)
             except ConfigError:
                 continue
+        if _switch(typ):
+            words = [w for o in get_args(typ) for w in (["true", "false"] if o is bool else map(str, get_args(o)))]
+            raise ConfigError(f"{key} = {value!r} is not allowed; choose one of {', '.join(words)}")
         raise ConfigError(f"{key} = {value!r} has the wrong type ({typ})")
     if origin is list:
         (item,) = get_args(typ)

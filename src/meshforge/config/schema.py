@@ -264,8 +264,8 @@ class Float8:
     """Linear layers (name substrings) kept in high precision."""
     enable_fsdp_float8_all_gather: bool = True
     """With tensorwise scaling under FSDP, all-gather weights in Float8."""
-    emulate: bool = False
-    """Emulate Float8 matmuls in high precision (for tests on hardware without Float8)."""
+    emulate: bool | Literal["auto"] = "auto"
+    """Emulate Float8 matmuls in high precision: auto = on a CPU (no Float8 kernels), real kernels on CUDA."""
 
 
 @dataclass

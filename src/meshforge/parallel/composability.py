@@ -5,7 +5,8 @@ Each cell is *parity-tested* (against one process, the test named: losses, and g
 them), *runs* (smoke-tested,
 finite losses), *refused* (one-line reason and the nearest working setting; training raises it before step 1) or
 *untested* (no test covers it yet: nothing is claimed). Adding a parallelism or a feature is one entry in
-``PARALLELISMS`` / ``FEATURES``; a measured cell is one entry in ``CELLS``.
+``PARALLELISMS`` / ``FEATURES``; a cell another test measures or a refusal is one entry in ``CELLS``; the cells the
+covering-array matrix test proves are ``MEASURED`` (parallel/composability_measured.py, regenerated from its run).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from meshforge.errors import ConfigError
+from meshforge.parallel.composability_measured import MATRIX_FILE, MEASURED
 from meshforge.parallel.pipeline.catalog import SCHEDULES, SPLIT_BACKWARD
 
 Status = Literal["parity-tested", "runs", "refused", "untested"]
@@ -96,18 +98,78 @@ CELLS: dict[tuple[str, str], Cell] = {
         for name in SCHEDULES
         if name in SPLIT_BACKWARD
     },
+    **{
+        (f"pp_{name}", "compile"): Cell(
+            "refused",
+            "torch cannot split the backward of compiled blocks into input and weight gradients",
+            "compile.enable = false, or the 1F1B / Interleaved1F1B schedule",
+        )
+        for name in SCHEDULES
+        if name in SPLIT_BACKWARD
+    },
+    **{
+        (f"pp_{name}", "tied_embeddings"): Cell(
+            "refused",
+            "the embedding and the output projection live on different pipeline stages",
+            "model.tie_embeddings = 'false', or pipeline_parallel_degree 1",
+        )
+        for name in SCHEDULES
+    },
+    ("cp_ring", "compile"): Cell(
+        "refused",
+        "ring attention's point-to-point sends do not trace inside compiled blocks",
+        "context_parallel_impl = 'allgather' (or 'auto'), or compile.enable = false",
+    ),
+    **{
+        (cp, "document_mask"): Cell(
+            "refused",
+            "the document mask is not sharded over context-parallel ranks yet",
+            "training.document_mask = false, or context_parallel_degree 1",
+        )
+        for cp in ("cp_allgather", "cp_ring")
+    },
 }
+
+
+@dataclass(frozen=True)
+class Interaction:
+    """A refusal of three or more settings together: any of ``rows`` with all of ``features`` (each pair runs), on
+    the ``devices`` where it was measured (elsewhere nothing is claimed)."""
+
+    rows: frozenset[str]
+    features: frozenset[str]
+    reason: str
+    alternative: str
+    devices: frozenset[str]
+
+
+_TP_RECOMPUTE = (
+    "AOT autograd saves a DeviceMesh among the tensors of a compiled, fully recomputed TP block (torch 2.13:"
+    " 'expected all tensors_saved_with_vc_check to be Tensors')"
+)
+_TP_RECOMPUTE_FIX = "activation_checkpoint.selective_ac_option = 'op' (per-op, measured to run) or mode = 'none'"
+INTERACTIONS: list[Interaction] = [
+    # aot_eager and inductor on CPU; not measured on CUDA (the 70B / 405B configs use TP + compile + full AC there)
+    Interaction(frozenset({"tp_sp"}), frozenset({"compile", ac}), _TP_RECOMPUTE, _TP_RECOMPUTE_FIX, frozenset({"cpu"}))
+    for ac in ("ac_full", "ac_every_n")
+]
 
 
 def cell(parallelism: str, feature: str) -> Cell:
     """The table's cell (``untested`` where nothing is recorded); unknown names are a bug, not a user mistake."""
     if parallelism not in PARALLELISMS or feature not in FEATURES:
         raise KeyError(f"composability table has no cell ({parallelism!r}, {feature!r})")
-    return CELLS.get((parallelism, feature), Cell("untested"))
+    if (parallelism, feature) in CELLS:
+        return CELLS[parallelism, feature]
+    if (parallelism, feature) in MEASURED:
+        status, test = MEASURED[parallelism, feature]
+        return Cell(status, f"{MATRIX_FILE}::{test}")
+    return Cell("untested")
 
 
-def refusal(parallelisms: list[str], features: list[str]) -> ConfigError | None:
-    """The first refused cell among the active parallelisms x features, as the one-line error, or None."""
+def refusal(parallelisms: list[str], features: list[str], device: str = "") -> ConfigError | None:
+    """The first refused cell among the active parallelisms x features (then the three-way refusals measured on
+    ``device``: "" checks none), as the one-line error, or None."""
     for p in parallelisms:
         for f in features:
             c = cell(p, f)
@@ -115,12 +177,19 @@ def refusal(parallelisms: list[str], features: list[str]) -> ConfigError | None:
                 return ConfigError(
                     f"{PARALLELISMS[p]} with {FEATURES[f]} is refused: {c.evidence}; use {c.alternative}"
                 )
+    for rule in INTERACTIONS:
+        hit = [p for p in parallelisms if p in rule.rows]
+        if hit and rule.features <= set(features) and device in rule.devices:
+            together = " + ".join(FEATURES[f] for f in sorted(rule.features))
+            return ConfigError(
+                f"{PARALLELISMS[hit[0]]} with {together} is refused: {rule.reason}; use {rule.alternative}"
+            )
     return None
 
 
-def check(parallelisms: list[str], features: list[str]) -> None:
-    """Raise the table's refusal for this combination, if any (before any process group or step)."""
-    error = refusal(parallelisms, features)
+def check(parallelisms: list[str], features: list[str], device: str = "") -> None:
+    """Raise the table's refusal for this combination on ``device``, if any (before any process group or step)."""
+    error = refusal(parallelisms, features, device)
     if error is not None:
         raise error
 
@@ -149,6 +218,28 @@ def active_features(*, ac_mode: str, ac_option: str, compile_enabled: bool, floa
     return [ac] + (["compile"] if compile_enabled else []) + ([f"float8_{float8_recipe}"] if float8_recipe else [])
 
 
+def job_features(cfg: Any, model_args: Any) -> list[str]:
+    """Every feature column a job uses, from its JobConfig and its resolved ModelArgs (duck-typed: torch-free)."""
+    ac, training, float8 = cfg.activation_checkpoint, cfg.training, cfg.quantize.dense.float8
+    out = active_features(
+        ac_mode=ac.mode,
+        ac_option=ac.selective_ac_option,
+        compile_enabled=cfg.compile.enable,
+        float8_recipe=float8.recipe_name if float8.enable else "",
+    )
+    flags = {
+        "document_mask": training.document_mask,
+        "validation": cfg.validation.enable,
+        "checkpoint": cfg.checkpoint.enable,
+        "tied_embeddings": model_args.tie_embeddings,
+        "qwen_qk_norm_bias": model_args.qk_norm or model_args.qkv_bias,
+        "moe": model_args.is_moe,
+        "loss_chunks": training.loss_chunks > 1,
+        "activation_offload": ac.offload,
+    }
+    return out + [name for name, on in flags.items() if on]
+
+
 def counts() -> dict[str, int]:
     """How many cells have each status."""
     out = {"parity-tested": 0, "runs": 0, "refused": 0, "untested": 0}
@@ -172,6 +263,13 @@ def render_markdown() -> str:
         "P = parity-tested against one process (losses and grad norms), R = runs (smoke-tested), X = refused before"
         " step 1 (reason and alternative below), · = untested (nothing claimed).",
         "",
+        "Most P / R cells are proved by the covering-array matrix (`tests/distributed/test_composability_matrix.py`):"
+        " 2-step jobs on debugmodel / debugmoe / a tiny Qwen3, 2 or 4 gloo ranks, fp32, every allowed pair of"
+        " feature values in some job; `make test` runs it over FSDP, TP, PP 1F1B, PP ZBV, CP all-gather and EP,"
+        " `make test-matrix` over every layout. A cell is P where a job through it matched one process (losses and"
+        " grad norms to 1e-5 relative), R where its jobs finished with finite losses. Compile cells of the matrix"
+        " trace with the aot_eager backend (dynamo + AOT autograd).",
+        "",
         "Counts: " + ", ".join(f"{k} {v}" for k, v in counts().items()) + ".",
         "",
         "| parallelism | " + " | ".join(FEATURES.values()) + " |",
@@ -184,6 +282,12 @@ def render_markdown() -> str:
         f"- {PARALLELISMS[p]} x {FEATURES[f]}: {c.evidence}; use {c.alternative}."
         for (p, f), c in CELLS.items()
         if c.status == "refused"
+    ]
+    lines += [
+        f"- {' / '.join(PARALLELISMS[p] for p in sorted(rule.rows))} x "
+        f"{' + '.join(FEATURES[f] for f in sorted(rule.features))} (together, on {' / '.join(sorted(rule.devices))};"
+        f" each pair runs): {rule.reason}; use {rule.alternative}."
+        for rule in INTERACTIONS
     ]
     lines += ["", "## Evidence", ""]
     lines += [

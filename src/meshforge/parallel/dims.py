@@ -7,6 +7,7 @@ are neighbours on one host). Only axes of size > 1 become mesh axes; flattened a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -153,10 +154,17 @@ class ParallelDims:
         check_ep_shape(self.ep, self.efsdp, args)
 
     def validate_features(
-        self, parallelism: Parallelism, *, device: torch.device, compile_enabled: bool, float8: Float8
+        self,
+        parallelism: Parallelism,
+        *,
+        device: torch.device,
+        compile_enabled: bool,
+        float8: Float8,
+        features: Sequence[str] = (),
     ) -> None:
         """Options that need particular hardware or other options, checked once the device is known: never a silent
-        no-op."""
+        no-op. ``features``: the job's other composability columns (composability.job_features: AC, chunked loss,
+        document mask, ...), refused here as the table says."""
         from meshforge.parallel.context_parallel import check_cp_impl
         from meshforge.parallel.float8 import check_float8_support
 
@@ -181,15 +189,25 @@ class ParallelDims:
             check_cp_impl(parallelism.context_parallel_impl, device.type, compile_enabled=compile_enabled)
         check_ep_compile(self.ep, compile_enabled)
         check_float8_support(float8, device)
-        self.check_composability(parallelism, compile_enabled=compile_enabled, float8=float8)
+        self.check_composability(
+            parallelism, compile_enabled=compile_enabled, float8=float8, features=features, device_type=device.type
+        )
 
-    def check_composability(self, parallelism: Parallelism, *, compile_enabled: bool, float8: Float8) -> None:
-        """The composability table's refusals for this layout's compile / Float8 (parallel/composability.py)."""
+    def check_composability(
+        self,
+        parallelism: Parallelism,
+        *,
+        compile_enabled: bool,
+        float8: Float8,
+        features: Sequence[str] = (),
+        device_type: str = "",
+    ) -> None:
+        """The composability table's refusals for this layout's compile / Float8 and ``features``
+        (parallel/composability.py)."""
         from meshforge.parallel import composability
 
-        features = (["compile"] if compile_enabled else []) + (
-            [f"float8_{float8.recipe_name}"] if float8.enable else []
-        )
+        own = (["compile"] if compile_enabled else []) + ([f"float8_{float8.recipe_name}"] if float8.enable else [])
+        features = list(dict.fromkeys([*own, *features]))
         cp_impl = parallelism.context_parallel_impl
         rows = composability.active_parallelisms(
             parallelism,
@@ -201,7 +219,7 @@ class ParallelDims:
             ep=self.ep,
             cp_impl=cp_impl,
         )
-        composability.check(rows, features)
+        composability.check(rows, features, device_type)
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
         """The named DeviceMesh over the axes of size > 1 (None for a single process), with the flattened axes."""

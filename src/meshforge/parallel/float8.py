@@ -48,18 +48,34 @@ def torchao(module: str = "torchao.float8") -> Any:
 
 
 CPU_FLOAT8_WARNING = (
-    "meshforge: warning: quantize.dense.float8.enable on a CPU runs torch._scaled_mm's reference kernel (orders of "
-    "magnitude slower); add --quantize.dense.float8.emulate for emulated Float8 matmuls"
+    "meshforge: warning: quantize.dense.float8.emulate = false on a CPU runs torch._scaled_mm's reference kernel "
+    "(orders of magnitude slower); use --quantize.dense.float8.emulate auto (the default) or true"
 )
+
+
+def emulated(cfg: Float8, device_type: str) -> bool:
+    """Whether Float8 matmuls are emulated: ``auto`` emulates on anything but CUDA (a CPU has no Float8 kernels)."""
+    return cfg.emulate if isinstance(cfg.emulate, bool) else device_type != "cuda"
+
+
+def resolve_emulation(cfg: Float8, device: torch.device) -> tuple[Float8, str]:
+    """``cfg`` with ``emulate = auto`` resolved for ``device``, and the banner's words ("" when Float8 is off)."""
+    if not cfg.enable:
+        return cfg, ""
+    on = emulated(cfg, device.type)
+    why = "auto" if cfg.emulate == "auto" else "as configured"
+    how = "emulated in high precision" if on else "torch._scaled_mm kernels"
+    return dataclasses.replace(cfg, emulate=on), f"Float8 {cfg.recipe_name} {how} ({why})"
 
 
 def check_float8_support(cfg: Float8, device: torch.device) -> None:
     """ValueError when Float8 is asked for on a GPU without Float8 matmuls (compute capability < 8.9); a one-line
-    warning when real Float8 matmuls would run on a CPU (``torch._scaled_mm`` there is a reference kernel: a debug
-    model's step takes minutes instead of a second)."""
-    if cfg.enable and device.type == "cpu" and not cfg.emulate and os.environ.get("RANK", "0") == "0":
+    warning when real Float8 matmuls were asked for on a CPU (``torch._scaled_mm`` there is a reference kernel: a
+    debug model's step takes minutes instead of a second)."""
+    on = emulated(cfg, device.type)
+    if cfg.enable and device.type == "cpu" and not on and os.environ.get("RANK", "0") == "0":
         print(CPU_FLOAT8_WARNING, file=sys.stderr, flush=True)
-    if not cfg.enable or device.type != "cuda" or cfg.emulate:
+    if not cfg.enable or device.type != "cuda" or on:
         return
     capability = torch.cuda.get_device_capability(device)
     check_capability(capability, torch.cuda.get_device_name(device))
@@ -99,15 +115,18 @@ def precompute_float8_scales(model_parts: list[nn.Module]) -> None:
 
 
 def apply_float8(model: nn.Module, cfg: Float8, *, fsdp: bool) -> list[str]:
-    """Convert the eligible linear layers of ``model`` in place; returns the names of the converted layers."""
+    """Convert the eligible linear layers of ``model`` in place; returns the names of the converted layers. None is
+    an error, except in a pipeline stage without transformer blocks (only the embedding or the filtered output)."""
     float8 = torchao()
     float8_linear = torchao("torchao.float8.float8_linear").Float8Linear
     config = float8.Float8LinearConfig.from_recipe_name(cfg.recipe_name)
     float8_all_gather = fsdp_float8_all_gather(cfg, fsdp=fsdp)
-    config = dataclasses.replace(config, emulate=cfg.emulate, enable_fsdp_float8_all_gather=float8_all_gather)
+    emulate = emulated(cfg, "cuda" if torch.cuda.is_available() else "cpu")  # training resolved auto already
+    config = dataclasses.replace(config, emulate=emulate, enable_fsdp_float8_all_gather=float8_all_gather)
     float8.convert_to_float8_training(model, module_filter_fn=float8_filter(cfg.filter_fqns), config=config)  # type: ignore[arg-type]
     converted = [name for name, module in model.named_modules() if isinstance(module, float8_linear)]
-    if not converted:
+    blocks = getattr(model, "layers", None)
+    if not converted and (blocks is None or len(blocks) > 0):  # a pipeline stage of no blocks has none to convert
         raise ConfigError(
             "quantize.dense.float8.enable = true but no linear layer qualifies (all are filtered by "
             f"quantize.dense.float8.filter_fqns = {cfg.filter_fqns} or have dimensions not divisible by 16)"

@@ -121,14 +121,26 @@ def model_args(cfg: JobConfig, notes: list[str]) -> ModelArgs:
     return model_args_for(cfg, build_tokenizer(path).vocab_size)
 
 
-def check_features(cfg: JobConfig, dims: ParallelDims, target: str, notes: list[str]) -> None:
-    """ParallelDims.validate_features for the target device; GPU-only checks become notes."""
-    float8 = cfg.quantize.dense.float8
+def check_features(cfg: JobConfig, dims: ParallelDims, target: str, notes: list[str], args: ModelArgs) -> None:
+    """ParallelDims.validate_features for the target device (every composability column of the job, and training's
+    chunked-loss check); GPU-only checks become notes."""
+    from meshforge.model.chunked_loss import check_loss_chunks
+    from meshforge.parallel.composability import job_features
+    from meshforge.parallel.float8 import resolve_emulation
+
+    check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
+    float8, how = resolve_emulation(cfg.quantize.dense.float8, torch.device(target))
+    if how:
+        notes.append(f"{how} on the {target} target")
     if target == "cuda" and float8.enable and not float8.emulate:
         notes.append("Float8 needs CUDA compute capability >= 8.9 on the target GPUs (not checkable without them)")
         float8 = dataclasses.replace(float8, enable=False)
     dims.validate_features(
-        cfg.parallelism, device=torch.device(target), compile_enabled=cfg.compile.enable, float8=float8
+        cfg.parallelism,
+        device=torch.device(target),
+        compile_enabled=cfg.compile.enable,
+        float8=float8,
+        features=job_features(cfg, args),
     )
     if cfg.parallelism.enable_async_tensor_parallel:
         notes.append("async TP: valid for this target; it changes only how TP communicates, so it is not applied here")
@@ -255,7 +267,7 @@ def plan(cfg: JobConfig, world_size: int) -> DryRun:
     args = model_args(cfg, notes)
     dims.validate_model(args, cfg.training.seq_len)
     check_trainable(args, dims.pp)  # tied embeddings across pipeline stages are refused as training refuses them
-    check_features(cfg, dims, target, notes)
+    check_features(cfg, dims, target, notes, args)
     with fake_world(world_size):
         mesh = dims.build_mesh("cpu")  # meta tensors need a mesh of a type this torch can shard for
         parts, pipeline = build_parts(cfg, dims, mesh, args)

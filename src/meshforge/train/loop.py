@@ -38,10 +38,11 @@ from meshforge.observability.metrics import MetricsLogger, logging_ranks
 from meshforge.observability.profiling import StepProfiler, check_window, profiling
 from meshforge.observability.straggler import StragglerDetector
 from meshforge.parallel.activation_offload import offload_context
+from meshforge.parallel.composability import job_features
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
-from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales
+from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales, resolve_emulation
 from meshforge.parallel.parallelize import parallelize
 from meshforge.parallel.tensor_parallel import loss_parallel_context
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
@@ -98,7 +99,11 @@ def setup(cfg: JobConfig) -> TrainState:
     check_trainable(model_args, dims.pp)
     check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
     dims.validate_features(
-        cfg.parallelism, device=ctx.device, compile_enabled=cfg.compile.enable, float8=cfg.quantize.dense.float8
+        cfg.parallelism,
+        device=ctx.device,
+        compile_enabled=cfg.compile.enable,
+        float8=cfg.quantize.dense.float8,
+        features=job_features(cfg, model_args),
     )
     mesh = dims.build_mesh(ctx.device.type)
     dp_rank, dp_degree = data_shard(cfg, dims.dp_rank(ctx.rank), dims.dp)  # replica groups read their own slots
@@ -131,15 +136,18 @@ def setup(cfg: JobConfig) -> TrainState:
 
 
 def with_param_dtype(cfg: JobConfig, device: torch.device) -> tuple[JobConfig, str]:
-    """The config with ``training.mixed_precision_param = auto`` resolved for ``device`` (device/precision.py), and
-    a sentence for the banner. On a CPU rank 0's choice holds on every rank (each host's probe could differ)."""
+    """The config with ``training.mixed_precision_param = auto`` (device/precision.py) and Float8's ``emulate = auto``
+    resolved for ``device``, and a sentence for the banner. On a CPU rank 0's choice holds on every rank (each host's
+    probe could differ)."""
     name, why = resolve_param_dtype(cfg.training.mixed_precision_param, device)
     if cfg.training.mixed_precision_param == "auto" and device.type == "cpu" and dist.is_initialized():
         chosen = [(name, why)]
         dist.broadcast_object_list(chosen, src=0)
         name, why = chosen[0]
     training = dataclasses.replace(cfg.training, mixed_precision_param=name)  # type: ignore[arg-type]
-    return dataclasses.replace(cfg, training=training), f"{name} ({why})"
+    float8, how = resolve_emulation(cfg.quantize.dense.float8, device)  # emulate = auto: the device decides
+    quantize = dataclasses.replace(cfg.quantize, dense=dataclasses.replace(cfg.quantize.dense, float8=float8))
+    return dataclasses.replace(cfg, training=training, quantize=quantize), f"{name} ({why})" + (how and f", {how}")
 
 
 def checkpoint_states(state: TrainState) -> dict[str, Stateful]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,11 +18,15 @@ from meshforge.device.collectives import to_collective_device
 
 
 def build_optimizer(model_parts: list[nn.Module], cfg: Optimizer) -> torch.optim.Optimizer:
-    """One optimizer over the parameters of all model parts (pipeline stages on this rank)."""
+    """One optimizer over the parameters of all model parts (pipeline stages on this rank). Where DTensors and plain
+    tensors mix (an MoE model under TP without EP: the routed experts stay plain, computed whole on every TP rank),
+    each kind is its own parameter group, since a foreach step cannot take both."""
     params = [p for part in model_parts for p in part.parameters() if p.requires_grad]
+    kinds = [[p for p in params if isinstance(p, DTensor) is d] for d in (True, False)]
+    groups: list[Any] = params if not all(kinds) else [{"params": kind} for kind in kinds]
     cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam
     how = implementation(cfg.implementation)
-    return cls(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, **how)
+    return cls(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, **how)
 
 
 def implementation(name: str) -> dict[str, bool]:

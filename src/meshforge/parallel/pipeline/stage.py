@@ -121,7 +121,17 @@ class Pipeline:
         self, inputs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Forward and loss only (``schedule.eval``) of a local batch; the mean loss on every pipeline rank. The
-        bubble clock is left as it was: evaluation is not a training step."""
+        bubble clock is left as it was: evaluation is not a training step. Split-backward schedules: torch's eval()
+        runs their input-gradient actions too ("can't steal_bwd_input if this stage doesn't have backward"), so their
+        evaluation is a schedule step whose gradients are dropped at once (the next step starts from zero anyway)."""
+        if self.spec.split_backward:
+            saved_clock = (self.clock.busy_s, self.clock.step_s, list(self.clock._events))
+            with torch.enable_grad():  # validation runs under no_grad
+                total = self.step(inputs, labels, 1.0, positions)
+            for part in self.model_parts:
+                part.zero_grad(set_to_none=True)
+            self.clock.busy_s, self.clock.step_s, self.clock._events = saved_clock
+            return total
         batch, seq = inputs.shape
         if positions is None:
             positions = torch.arange(seq, device=inputs.device)
