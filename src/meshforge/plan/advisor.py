@@ -9,7 +9,7 @@ degree (every divisor of the expert count that training's rules allow). What is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, replace
 
 from meshforge.config.io import ConfigError
@@ -19,6 +19,7 @@ from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
 from meshforge.plan.memory import STATE_BYTES, local_param_numel, memory, rank_memory, rank_parts
+from meshforge.plan.prune import needed_estimates
 
 SEARCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 AC_MODES = ("none", "selective", "full")
@@ -40,6 +41,8 @@ class SearchResult:
     baseline: Estimate | None
     excluded: list[tuple[str, str]] = field(default_factory=list)
     """Features the search left out on this hardware / implementation, with the reason."""
+    fitting: int = 0
+    """Layouts that fit: len(ranked), or more when the search was pruned (``search(prune_by=...)``)."""
 
     @property
     def best(self) -> Estimate:
@@ -159,10 +162,15 @@ def pipeline_options(layout: Layout) -> Iterator[Layout]:
             )
 
 
-def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
-    """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory)."""
+def search(
+    base: Layout, world: int, hw: HardwareProfile, prune_by: Callable[[Layout], Hashable] | None = None
+) -> SearchResult:
+    """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory).
+    ``prune_by``: rank only those that can be the recommendation or among the two fastest of their group (prune.py;
+    the recommendation, each group's best and the runner-up are the full ranking's); ``fitting`` counts them all."""
     args = layout_args(base)
     ranked: list[Estimate] = []
+    fitting: list[Layout] = []
     tried = 0
     usable = hw.spec.device_memory_gib(world) - hw.spec.runtime_gib
     too_big: set[tuple[int | str, ...]] = set()
@@ -184,7 +192,11 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
             continue
         if mem.peak > usable:
             continue
-        ranked.append(estimate(layout, hw))
+        fitting.append(layout)
+        if prune_by is None:
+            ranked.append(estimate(layout, hw))
+    if prune_by is not None:
+        ranked = needed_estimates(fitting, hw, prune_by, SIMPLICITY_MARGIN)
     ranked = recommendation_order(ranked)
     baseline = None
     if base.world_size == world:
@@ -197,7 +209,7 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
             f"no layout of {base.flavor} fits {world} x {hw.name} at global batch "
             f"{base.local_batch_size * base.dp * base.grad_accum} x seq {base.seq_len}"
         )
-    return SearchResult(ranked, tried, baseline, excluded_features(base, hw))
+    return SearchResult(ranked, tried, baseline, excluded_features(base, hw), len(fitting))
 
 
 def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:
