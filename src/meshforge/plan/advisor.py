@@ -9,6 +9,7 @@ degree (every divisor of the expert count that training's rules allow). What is 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, replace
 
@@ -42,7 +43,9 @@ class SearchResult:
     excluded: list[tuple[str, str]] = field(default_factory=list)
     """Features the search left out on this hardware / implementation, with the reason."""
     fitting: int = 0
-    """Layouts that fit: len(ranked), or more when the search was pruned (``search(prune_by=...)``)."""
+    """Layouts checked and found to fit: len(ranked) unless the search was pruned (``search(prune_by=...)``)."""
+    pruned: int = 0
+    """Layouts a pruned search ruled out by their throughput bound before checking their memory."""
 
     @property
     def best(self) -> Estimate:
@@ -166,12 +169,12 @@ def search(
     base: Layout, world: int, hw: HardwareProfile, prune_by: Callable[[Layout], Hashable] | None = None
 ) -> SearchResult:
     """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory).
-    ``prune_by``: rank only those that can be the recommendation or among the two fastest of their group (prune.py;
-    the recommendation, each group's best and the runner-up are the full ranking's); ``fitting`` counts them all."""
+    ``prune_by``: rank only those that can be the recommendation or among the two fastest of their group (prune.py:
+    the recommendation, each group's best and the runner-up are the full ranking's, the others are not checked)."""
     args = layout_args(base)
     ranked: list[Estimate] = []
-    fitting: list[Layout] = []
-    tried = 0
+    passed: list[Layout] = []
+    tried = fitting = pruned = 0
     usable = hw.spec.device_memory_gib(world) - hw.spec.runtime_gib
     too_big: set[tuple[int | str, ...]] = set()
     for layout in candidates(args, base, world, hw):
@@ -184,19 +187,16 @@ def search(
             if state_gib(args, layout, hw) > usable:
                 too_big.add(shape)
                 continue
-            # rank 0's peak bounds the peak over the ranks from below: most layouts that do not fit stop here
-            if rank_memory(args, layout, hw, 0).peak > usable:
-                continue
-            mem = memory(args, layout, hw)
         except ConfigError:
             continue
-        if mem.peak > usable:
-            continue
-        fitting.append(layout)
-        if prune_by is None:
+        if prune_by is not None:
+            passed.append(layout)
+        elif fits(args, layout, hw, usable):
+            fitting += 1
             ranked.append(estimate(layout, hw))
     if prune_by is not None:
-        ranked = needed_estimates(fitting, hw, prune_by, SIMPLICITY_MARGIN)
+        check = functools.partial(fits, args, hw=hw, usable=usable)
+        ranked, fitting, pruned = needed_estimates(passed, hw, prune_by, SIMPLICITY_MARGIN, args, check)
     ranked = recommendation_order(ranked)
     baseline = None
     if base.world_size == world:
@@ -209,7 +209,16 @@ def search(
             f"no layout of {base.flavor} fits {world} x {hw.name} at global batch "
             f"{base.local_batch_size * base.dp * base.grad_accum} x seq {base.seq_len}"
         )
-    return SearchResult(ranked, tried, baseline, excluded_features(base, hw), len(fitting))
+    return SearchResult(ranked, tried, baseline, excluded_features(base, hw), fitting, pruned)
+
+
+def fits(args: ModelArgs, layout: Layout, hw: HardwareProfile, usable: float) -> bool:
+    """Whether the peak over the pipeline ranks is within ``usable`` GiB. Rank 0's peak bounds it from below: most
+    layouts that do not fit stop there."""
+    try:
+        return rank_memory(args, layout, hw, 0).peak <= usable and memory(args, layout, hw).peak <= usable
+    except ConfigError:
+        return False
 
 
 def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:

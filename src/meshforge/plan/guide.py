@@ -157,7 +157,7 @@ def compute_cell(hw: HardwareProfile, model: tuple[str, ...], world: int, seq_le
     runner = others[0] if others else next((e for e in result.ranked[1:] if e.layout != best.layout), None)
     cell["best"] = _summary(best, hw, model)
     cell["families"] = {f: _summary(e, hw, model) for f, e in families.items()}
-    cell["tried"], cell["fitting"] = result.tried, result.fitting
+    cell["tried"], cell["fitting"], cell["pruned"] = result.tried, result.fitting, result.pruned
     if runner is not None:
         cell["runner_up"] = _summary(runner, hw, model)
         cell["separable"] = separable(best, runner, interval(best, hw))
@@ -192,13 +192,14 @@ def _compute_group(jobs: Sequence[tuple[HardwareProfile, tuple[str, ...], int, i
 
 def groups(todo: Sequence[int], jobs: Sequence[tuple[Any, ...]]) -> list[list[int]]:
     """The cells to compute, grouped by (model, sequence length, implementation): the GPU counts of one model and
-    sequence share most simulations (the same local batch per structure). Biggest models and longest sequences
-    first, so the slowest groups start first."""
+    sequence share most simulations (the same local batch per structure). Slowest groups first, so the cores finish
+    together: the smallest models first (nearly every layout fits them, and each that fits is checked on every
+    pipeline rank)."""
     by: dict[tuple[Any, ...], list[int]] = {}
     for i in todo:
         _, model, _, seq, impl = jobs[i]
         by.setdefault((model, seq, impl), []).append(i)
-    return sorted(by.values(), key=lambda g: (-_group_weight(jobs[g[0]][1]), -jobs[g[0]][3]))
+    return sorted(by.values(), key=lambda g: (_group_weight(jobs[g[0]][1]), -len(g)))
 
 
 def _group_weight(model: tuple[str, ...]) -> float:

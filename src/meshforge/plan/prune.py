@@ -13,8 +13,11 @@ the recommendation, the best of each group and the runner-up of another group ar
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 
+from meshforge.model.flavors import ModelArgs
 from meshforge.parallel.pipeline.simulator import rank_work
 from meshforge.plan.estimate import Estimate, estimate, rates, stage_costs
 from meshforge.plan.hardware import HardwareProfile
@@ -25,29 +28,45 @@ BOUND_SLACK = 1e-6
 long schedule (schedules.simulate) keeps its makespan above its busiest rank only to 1e-9."""
 
 
-def tps_bound(layout: Layout, hw: HardwareProfile) -> float:
+def tps_bound(layout: Layout, hw: HardwareProfile, args: ModelArgs | None = None) -> float:
     """An upper bound of ``estimate(layout, hw).tps_per_device`` for a pipeline layout on a GPU profile, without
-    simulating the schedule; infinity where no cheap bound holds (a CPU host's slowdown follows the simulation)."""
+    simulating the schedule; infinity where no cheap bound holds (a CPU host's slowdown follows the simulation).
+    ``args``: the layout's model shapes (layout_args) when the caller has them."""
     if layout.pp == 1 or hw.spec.node_cores:
         return float("inf")
-    args = layout_args(layout)
+    return _bound(replace(layout, dp_replicate=1, dp_shard=1), hw, args or layout_args(layout))
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _bound(layout: Layout, hw: HardwareProfile, args: ModelArgs) -> float:
+    """The bound of every data-parallel split of ``layout`` (given with dp 1): a stage's work is one microbatch's
+    compute and its tensor / context parallel communication, which the data-parallel degrees do not change, nor the
+    tokens per device (the local batch is per data-parallel rank); tests/unit/test_plan_prune.py checks it against
+    the bound of each split."""
     costs = stage_costs(args, layout, hw, rates(layout, hw), 1.0)
     busiest = max(rank_work(layout, costs, hw.spec.stage_overhead))
     return layout.tokens_per_device_step / (layout.grad_accum * busiest) * (1 + BOUND_SLACK)
 
 
 def needed_estimates(
-    layouts: Sequence[Layout], hw: HardwareProfile, group: Callable[[Layout], Hashable], margin: float
-) -> list[Estimate]:
-    """The estimates of ``layouts`` (in their order) that can be within ``margin`` of the fastest or among the two
-    fastest of their ``group``; the others are not estimated."""
+    layouts: Sequence[Layout],
+    hw: HardwareProfile,
+    group: Callable[[Layout], Hashable],
+    margin: float,
+    args: ModelArgs,
+    fits: Callable[[Layout], bool],
+) -> tuple[list[Estimate], int, int]:
+    """The estimates of the ``layouts`` that ``fits`` (in their order; all of model ``args``) and can be within
+    ``margin`` of the fastest or among the two fastest of their ``group``, how many were found to fit, and how many
+    were ruled out by their bound before their memory was checked."""
     done: dict[int, Estimate] = {}
     bounds: list[tuple[float, int]] = []
     for i, layout in enumerate(layouts):
-        if layout.pp == 1 or hw.spec.node_cores:
+        if layout.pp > 1 and not hw.spec.node_cores:
+            bounds.append((tps_bound(layout, hw, args), i))
+        elif fits(layout):
             done[i] = estimate(layout, hw)
-        else:
-            bounds.append((tps_bound(layout, hw), i))
+    fitting, pruned = len(done), 0
     fastest = max((e.tps_per_device for e in done.values()), default=0.0)
     top: dict[Hashable, list[float]] = {}
     for e in done.values():
@@ -55,11 +74,15 @@ def needed_estimates(
     for bound, i in sorted(bounds, key=lambda b: (-b[0], b[1])):
         two = top.setdefault(group(layouts[i]), [])
         if bound < (1 - margin) * fastest and len(two) == 2 and bound < two[1]:
+            pruned += 1
             continue
+        if not fits(layouts[i]):
+            continue
+        fitting += 1
         est = done[i] = estimate(layouts[i], hw)
         fastest = max(fastest, est.tps_per_device)
         _push(two, est.tps_per_device)
-    return [done[i] for i in sorted(done)]
+    return [done[i] for i in sorted(done)], fitting, pruned
 
 
 def _push(two: list[float], tps: float) -> None:
