@@ -142,9 +142,10 @@ def layouts_of(
         layers_per_stage=-1,
     )
     for pipe in pipeline_options(shape):
+        staged = with_stages(pipe, args)  # stages per rank follow the schedule, not the AC mode or Float8
         for ac in AC_MODES:
             for fp8 in fp8_options:
-                yield with_stages(replace(pipe, ac_mode=ac, sac_option="op", float8=fp8), args)
+                yield replace(staged, ac_mode=ac, sac_option="op", float8=fp8)
 
 
 def pipeline_options(layout: Layout) -> Iterator[Layout]:

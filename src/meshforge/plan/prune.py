@@ -13,9 +13,7 @@ the recommendation, the best of each group and the runner-up of another group ar
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import replace
 
 from meshforge.model.flavors import ModelArgs
 from meshforge.parallel.pipeline.simulator import rank_work
@@ -34,18 +32,22 @@ def tps_bound(layout: Layout, hw: HardwareProfile, args: ModelArgs | None = None
     ``args``: the layout's model shapes (layout_args) when the caller has them."""
     if layout.pp == 1 or hw.spec.node_cores:
         return float("inf")
-    return _bound(replace(layout, dp_replicate=1, dp_shard=1), hw, args or layout_args(layout))
+    key = (tuple(v for k, v in vars(layout).items() if k not in SPLIT_FIELDS), hw)
+    if key not in _BOUNDS:
+        if len(_BOUNDS) > MEMO_SIZE:
+            _BOUNDS.clear()
+        costs = stage_costs(args or layout_args(layout), layout, hw, rates(layout, hw), 1.0)
+        busiest = max(rank_work(layout, costs, hw.spec.stage_overhead))
+        _BOUNDS[key] = layout.tokens_per_device_step / (layout.grad_accum * busiest) * (1 + BOUND_SLACK)
+    return _BOUNDS[key]
 
 
-@functools.lru_cache(maxsize=1 << 15)
-def _bound(layout: Layout, hw: HardwareProfile, args: ModelArgs) -> float:
-    """The bound of every data-parallel split of ``layout`` (given with dp 1): a stage's work is one microbatch's
-    compute and its tensor / context parallel communication, which the data-parallel degrees do not change, nor the
-    tokens per device (the local batch is per data-parallel rank); tests/unit/test_plan_prune.py checks it against
-    the bound of each split."""
-    costs = stage_costs(args, layout, hw, rates(layout, hw), 1.0)
-    busiest = max(rank_work(layout, costs, hw.spec.stage_overhead))
-    return layout.tokens_per_device_step / (layout.grad_accum * busiest) * (1 + BOUND_SLACK)
+SPLIT_FIELDS = ("dp_replicate", "dp_shard")
+"""Left out of the bound's memo key: a stage's work is one microbatch's compute and its tensor / context parallel
+communication, which the data-parallel split does not change, nor the tokens per device (the local batch is per
+data-parallel rank), so every split of a structure has one bound (tests/unit/test_plan_prune.py checks it)."""
+_BOUNDS: dict[tuple[tuple[object, ...], HardwareProfile], float] = {}
+MEMO_SIZE = 1 << 16
 
 
 def needed_estimates(
