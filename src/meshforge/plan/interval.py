@@ -69,9 +69,7 @@ def parameter_variance(est: Estimate, hw: HardwareProfile) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _variance(
-    layout: Layout, hw: HardwareProfile, names: tuple[str, ...], cov: tuple[tuple[float, ...], ...]
-) -> float:
+def _variance(layout: Layout, hw: HardwareProfile, names: tuple[str, ...], cov: tuple[tuple[float, ...], ...]) -> float:
     """``parameter_variance`` of a layout, once per (layout, hardware, constants): a guide cell summarises the same
     layout as its recommendation and as its family's best (9 estimates each, pipeline simulations included)."""
     g = jacobian_row(layout, hw, names)
