@@ -123,3 +123,49 @@ def test_rank_work_is_every_simulated_rank_busy_time() -> None:
         layout = dataclasses.replace(SHAPE, schedule=schedule, stages_per_rank=v, local_batch_size=8)
         costs = COSTS[: layout.num_stages]
         assert sim.rank_work(layout, costs, 0.01) == pytest.approx(sim.simulate(layout, costs, 0.3, 0.01).rank_busy)
+
+
+def _guide_picks(ranked: list[Any]) -> tuple[Any, ...]:
+    """What a guide cell keeps of a ranking (guide.compute_cell): the recommendation, each family's fastest and the
+    runner-up (the first of another family, else the next layout)."""
+    by_speed = sorted(ranked, key=lambda e: -e.tps_per_device)
+    families: dict[str, Any] = {}
+    for e in by_speed:
+        families.setdefault(guide.family(e.layout), e)
+    others = [e for e in ranked if guide.family(e.layout) != guide.family(ranked[0].layout)]
+    runner = others[0] if others else next((e for e in ranked[1:] if e.layout != ranked[0].layout), None)
+    return ranked[0].layout, {f: e.layout for f, e in families.items()}, runner and runner.layout
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pruning_keeps_what_the_guide_picks(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random pipeline layouts with random speeds and bounds above them: the pruned ranking picks the full ranking's
+    recommendation (simpler layouts within the margin first), family bests and runner-up. Cells where one family
+    holds everything, or where the simplest layout within the margin is not among its family's fastest, are what
+    the search's own grid rarely has."""
+    import random
+    from types import SimpleNamespace
+
+    rng = random.Random(seed)
+    degrees = [(tp, cp, rep) for tp in (1, 2) for cp in (1, 2) for rep in (1, 2)]
+    if seed % 4 == 0:  # one family only
+        degrees = [(1, 1, rep) for rep in (1, 2)]
+    layouts = [
+        Layout(flavor="8B", seq_len=8192, local_batch_size=8 + i, pp=2, tp=tp, cp=cp, dp_replicate=rep)
+        for i, (tp, cp, rep) in enumerate(rng.choice(degrees) for _ in range(rng.randint(2, 30)))
+    ]
+    near = 0.5 if seed % 4 else 0.0  # one family: spread out, so the runner-up is outside the margin
+    tps = {lay: rng.uniform(90, 100) if rng.random() < near else rng.uniform(10, 100) for lay in layouts}
+    bound = {lay: tps[lay] * rng.uniform(1.0, 1.2) for lay in layouts}
+    monkeypatch.setattr(prune, "tps_bound", lambda lay, hw, args=None: bound[lay])
+    monkeypatch.setattr(
+        prune, "estimate", lambda lay, hw: SimpleNamespace(layout=lay, tps_per_device=tps[lay], peak_memory_gib=1.0)
+    )
+    hw = load_hardware("h100")
+    fits = lambda lay: lay.local_batch_size % 7 != 0  # noqa: E731  # some layouts do not fit
+    kept, fitting, _ = prune.needed_estimates(layouts, hw, guide.family, advisor.SIMPLICITY_MARGIN, None, fits)  # type: ignore[arg-type]
+    full = [prune.estimate(lay, hw) for lay in layouts if fits(lay)]
+    if not full:
+        return
+    assert _guide_picks(advisor.recommendation_order(kept)) == _guide_picks(advisor.recommendation_order(full))
+    assert fitting <= len(full)
