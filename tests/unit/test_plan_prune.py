@@ -52,8 +52,8 @@ def test_bound_is_above_every_prediction() -> None:
     bound served by the memo (keyed without the data-parallel degrees, filled by all the others) equals the one
     computed for this very layout alone."""
     hw = load_hardware("h100")
-    base = guide_base("70B", 64, 8192, hw)
-    result = advisor.search(base, 64, hw)
+    base = guide_base("70B", 256, 8192, hw)  # HSDP splits of pipeline layouts: FSDP 8 x 2 replicas and FSDP 16
+    result = advisor.search(base, 256, hw)
     piped = [e for e in result.ranked if e.layout.pp > 1]
     assert len(piped) > 100 and len({(e.layout.dp_shard, e.layout.dp_replicate) for e in piped}) > 1
     prune._BOUNDS.clear()
