@@ -9,7 +9,8 @@ degree (every divisor of the expert count that training's rules allow). What is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, replace
 
 from meshforge.config.io import ConfigError
@@ -19,6 +20,7 @@ from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
 from meshforge.plan.memory import STATE_BYTES, local_param_numel, memory, rank_memory, rank_parts
+from meshforge.plan.prune import needed_estimates
 
 SEARCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 AC_MODES = ("none", "selective", "full")
@@ -40,6 +42,10 @@ class SearchResult:
     baseline: Estimate | None
     excluded: list[tuple[str, str]] = field(default_factory=list)
     """Features the search left out on this hardware / implementation, with the reason."""
+    fitting: int = 0
+    """Layouts checked and found to fit: len(ranked) unless the search was pruned (``search(prune_by=...)``)."""
+    pruned: int = 0
+    """Layouts a pruned search ruled out by their throughput bound before checking their memory."""
 
     @property
     def best(self) -> Estimate:
@@ -136,9 +142,10 @@ def layouts_of(
         layers_per_stage=-1,
     )
     for pipe in pipeline_options(shape):
+        staged = with_stages(pipe, args)  # stages per rank follow the schedule, not the AC mode or Float8
         for ac in AC_MODES:
             for fp8 in fp8_options:
-                yield with_stages(replace(pipe, ac_mode=ac, sac_option="op", float8=fp8), args)
+                yield replace(staged, ac_mode=ac, sac_option="op", float8=fp8)
 
 
 def pipeline_options(layout: Layout) -> Iterator[Layout]:
@@ -159,11 +166,16 @@ def pipeline_options(layout: Layout) -> Iterator[Layout]:
             )
 
 
-def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
-    """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory)."""
+def search(
+    base: Layout, world: int, hw: HardwareProfile, prune_by: Callable[[Layout], Hashable] | None = None
+) -> SearchResult:
+    """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory).
+    ``prune_by``: rank only those that can be the recommendation or among the two fastest of their group (prune.py:
+    the recommendation, each group's best and the runner-up are the full ranking's, the others are not checked)."""
     args = layout_args(base)
     ranked: list[Estimate] = []
-    tried = 0
+    passed: list[Layout] = []
+    tried = fitting = pruned = 0
     usable = hw.spec.device_memory_gib(world) - hw.spec.runtime_gib
     too_big: set[tuple[int | str, ...]] = set()
     for layout in candidates(args, base, world, hw):
@@ -176,15 +188,16 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
             if state_gib(args, layout, hw) > usable:
                 too_big.add(shape)
                 continue
-            # rank 0's peak bounds the peak over the ranks from below: most layouts that do not fit stop here
-            if rank_memory(args, layout, hw, 0).peak > usable:
-                continue
-            mem = memory(args, layout, hw)
         except ConfigError:
             continue
-        if mem.peak > usable:
-            continue
-        ranked.append(estimate(layout, hw))
+        if prune_by is not None:
+            passed.append(layout)
+        elif fits(args, layout, hw, usable):
+            fitting += 1
+            ranked.append(estimate(layout, hw))
+    if prune_by is not None:
+        check = functools.partial(fits, args, hw=hw, usable=usable)
+        ranked, fitting, pruned = needed_estimates(passed, hw, prune_by, SIMPLICITY_MARGIN, args, check)
     ranked = recommendation_order(ranked)
     baseline = None
     if base.world_size == world:
@@ -197,7 +210,16 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
             f"no layout of {base.flavor} fits {world} x {hw.name} at global batch "
             f"{base.local_batch_size * base.dp * base.grad_accum} x seq {base.seq_len}"
         )
-    return SearchResult(ranked, tried, baseline, excluded_features(base, hw))
+    return SearchResult(ranked, tried, baseline, excluded_features(base, hw), fitting, pruned)
+
+
+def fits(args: ModelArgs, layout: Layout, hw: HardwareProfile, usable: float) -> bool:
+    """Whether the peak over the pipeline ranks is within ``usable`` GiB. Rank 0's peak bounds it from below: most
+    layouts that do not fit stop there."""
+    try:
+        return rank_memory(args, layout, hw, 0).peak <= usable and memory(args, layout, hw).peak <= usable
+    except ConfigError:
+        return False
 
 
 def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:

@@ -145,7 +145,7 @@ def compute_cell(hw: HardwareProfile, model: tuple[str, ...], world: int, seq_le
     base = layout_from_config(cfg, 1, impl=impl, auto_dtype=auto_param_dtype(hw.spec))
     cell: dict[str, Any] = {"model": base.flavor, "world": world, "seq_len": seq_len, "impl": impl}
     try:
-        result = search(base, world, hw)
+        result = search(base, world, hw, prune_by=family)
     except ConfigError as exc:
         return cell | {"best": None, "reason": str(exc)}
     best = result.best
@@ -157,7 +157,7 @@ def compute_cell(hw: HardwareProfile, model: tuple[str, ...], world: int, seq_le
     runner = others[0] if others else next((e for e in result.ranked[1:] if e.layout != best.layout), None)
     cell["best"] = _summary(best, hw, model)
     cell["families"] = {f: _summary(e, hw, model) for f, e in families.items()}
-    cell["tried"], cell["fitting"] = result.tried, len(result.ranked)
+    cell["tried"], cell["fitting"], cell["pruned"] = result.tried, result.fitting, result.pruned
     if runner is not None:
         cell["runner_up"] = _summary(runner, hw, model)
         cell["separable"] = separable(best, runner, interval(best, hw))
@@ -184,8 +184,33 @@ def _cell_key(hw: HardwareProfile, model: tuple[str, ...], world: int, seq: int,
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _compute_keyed(args: tuple[HardwareProfile, tuple[str, ...], int, int, str]) -> dict[str, Any]:
-    return compute_cell(*args)
+def _compute_group(jobs: Sequence[tuple[HardwareProfile, tuple[str, ...], int, int, str]]) -> list[dict[str, Any]]:
+    """Cells searched one after the other in one process, so the search's memos (the pipeline simulations,
+    plan/schedules.py; layer times; the interval's estimates) carry over from one cell to the next."""
+    return [compute_cell(*job) for job in jobs]
+
+
+def groups(todo: Sequence[int], jobs: Sequence[tuple[Any, ...]]) -> list[list[int]]:
+    """The cells to compute, grouped by (model, sequence length, implementation): the GPU counts of one model and
+    sequence share most simulations (the same local batch per structure). Slowest groups first, so the cores finish
+    together: the smallest models first (nearly every layout fits them, and each that fits is checked on every
+    pipeline rank)."""
+    by: dict[tuple[Any, ...], list[int]] = {}
+    for i in todo:
+        _, model, _, seq, impl = jobs[i]
+        by.setdefault((model, seq, impl), []).append(i)
+    return sorted(by.values(), key=lambda g: (_group_weight(jobs[g[0]][1]), -len(g)))
+
+
+def _group_weight(model: tuple[str, ...]) -> float:
+    """A flavor's size from its name (8B, 70B, 405B, 16B-A2B...), 0 when the name says none: only orders groups."""
+    for word in reversed(model):
+        head = word.upper().split("-")[0].removesuffix("B")
+        try:
+            return float(head)
+        except ValueError:
+            continue
+    return 0.0
 
 
 def compute_guide(
@@ -198,7 +223,8 @@ def compute_guide(
     use_cache: bool = True,
     workers: int = 0,
 ) -> list[dict[str, Any]]:
-    """Every cell of the grid (models x worlds x seqs), from the disk cache where present, else searched in parallel."""
+    """Every cell of the grid (models x worlds x seqs), from the disk cache where present, else searched in parallel
+    over the cores, one group of cells (a model and sequence length at every GPU count) per task."""
     digest = _planner_digest()
     jobs = [(hw, tuple(m), w, s, impl) for m in models for w in worlds for s in seqs]
     keys = [_cell_key(*job, digest) for job in jobs]
@@ -209,16 +235,18 @@ def compute_guide(
             path = folder / f"{key}.json"
             if path.exists():
                 cells[i] = json.loads(path.read_text())
-    todo = [i for i in range(len(jobs)) if i not in cells]
-    n = workers or min(len(todo), os.cpu_count() or 1)
+    todo = groups([i for i in range(len(jobs)) if i not in cells], jobs)
+    tasks = [[jobs[i] for i in group] for group in todo]
+    n = workers or min(len(tasks), os.cpu_count() or 1)
     if n > 1:
         with ProcessPoolExecutor(n) as pool:
-            done = list(pool.map(_compute_keyed, [jobs[i] for i in todo]))
+            done = list(pool.map(_compute_group, tasks))
     else:
-        done = [_compute_keyed(jobs[i]) for i in todo]
-    for i, cell in zip(todo, done, strict=True):
-        cells[i] = cell
-        if use_cache:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{keys[i]}.json").write_text(json.dumps(cell))
+        done = [_compute_group(task) for task in tasks]
+    for group, group_cells in zip(todo, done, strict=True):
+        for i, cell in zip(group, group_cells, strict=True):
+            cells[i] = cell
+            if use_cache:
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"{keys[i]}.json").write_text(json.dumps(cell))
     return [cells[i] for i in range(len(jobs))]

@@ -12,6 +12,7 @@ in between, with the margin of the point estimate.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from meshforge.plan import shipped
 from meshforge.plan.estimate import Estimate
 from meshforge.plan.fit import jacobian_row
 from meshforge.plan.hardware import HardwareProfile
+from meshforge.plan.layout import Layout
 
 COVARIANCE_NAMES: tuple[str, ...] = shipped.COVARIANCE_NAMES
 COVARIANCE: tuple[tuple[float, ...], ...] = shipped.COVARIANCE
@@ -63,8 +65,15 @@ def parameter_variance(est: Estimate, hw: HardwareProfile) -> float:
     """g C g^T: the variance of log(tokens/s) the constants' uncertainty gives this layout (0 off GPU)."""
     if not hw.spec.is_gpu:
         return 0.0
-    g = jacobian_row(est.layout, hw, COVARIANCE_NAMES)
-    return float(g @ np.array(COVARIANCE) @ g)
+    return _variance(est.layout, hw, COVARIANCE_NAMES, COVARIANCE)
+
+
+@functools.lru_cache(maxsize=4096)
+def _variance(layout: Layout, hw: HardwareProfile, names: tuple[str, ...], cov: tuple[tuple[float, ...], ...]) -> float:
+    """``parameter_variance`` of a layout, once per (layout, hardware, constants): a guide cell summarises the same
+    layout as its recommendation and as its family's best (9 estimates each, pipeline simulations included)."""
+    g = jacobian_row(layout, hw, names)
+    return float(g @ np.array(cov) @ g)
 
 
 def interval(est: Estimate, hw: HardwareProfile) -> Interval:

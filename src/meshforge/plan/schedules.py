@@ -12,6 +12,8 @@ zero-bubble schedules split the backward into input- and weight-gradient halves 
 
 from __future__ import annotations
 
+import functools
+
 from meshforge.parallel.pipeline import simulator
 from meshforge.plan.layout import Layout
 
@@ -53,11 +55,11 @@ IN_FLIGHT_ROUNDS = 3
 """Rounds of the short schedules activations in flight are counted on (cheap: counted once per schedule shape)."""
 
 
-def _short(layout: Layout, rounds: int) -> simulator.Shape:
+def _short(layout: Layout | simulator.Shape, rounds: int) -> simulator.Shape:
     return simulator.Shape(layout.schedule, layout.pp, rounds * layout.pp, layout.stages_per_rank)
 
 
-def _long(layout: Layout) -> bool:
+def _long(layout: Layout | simulator.Shape) -> bool:
     m, p = layout.schedule_microbatches, layout.pp
     return m % p == 0 and m // p > IN_FLIGHT_ROUNDS + 1
 
@@ -80,20 +82,33 @@ def simulate(
     """simulator.simulate, extended linearly for long schedules once short simulations of k and k + 1 rounds are in
     steady state: the step grows per round by exactly its busiest rank's work (bound by it), or, where sends bound
     it instead, by the same time over three consecutive lengths; k doubles until then, and a schedule too short to
-    tell is simulated in full."""
-    rounds = layout.schedule_microbatches // layout.pp
-    k = EXTRAPOLATE_ROUNDS
-    while _long(layout) and k + 2 < rounds:
-        a, b = (simulator.simulate(_short(layout, r), costs, latency, overhead) for r in (k, k + 1))
+    tell is simulated in full.
+
+    Memoized on everything the result depends on (the schedule shape, the exact stage costs, latency and overhead,
+    and EXTRAPOLATE_ROUNDS): a search meets the same simulation for every data-parallel split of a structure and for
+    every GPU count whose global batch gives the same local batch, so cells of one model and sequence length share
+    them (plan/guide.py runs those cells in one process). No normalisation: a hit returns the very floats a fresh
+    simulation would, so results stay bit-identical."""
+    shape = simulator.Shape(layout.schedule, layout.pp, layout.schedule_microbatches, layout.stages_per_rank)
+    return _simulate(shape, tuple(costs), latency, overhead, EXTRAPOLATE_ROUNDS)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _simulate(
+    shape: simulator.Shape, costs: tuple[simulator.StageCost, ...], latency: float, overhead: float, k: int
+) -> simulator.StepResult:
+    rounds = shape.schedule_microbatches // shape.pp
+    while _long(shape) and k + 2 < rounds:
+        a, b = (simulator.simulate(_short(shape, r), costs, latency, overhead) for r in (k, k + 1))
         growth = b.makespan - a.makespan
         bottleneck = max(y - x for x, y in zip(a.rank_busy, b.rank_busy, strict=True))
         if abs(growth - bottleneck) <= 1e-9 * b.makespan:
             return _extend(a, b, rounds - (k + 1))
-        c = simulator.simulate(_short(layout, k + 2), costs, latency, overhead)
+        c = simulator.simulate(_short(shape, k + 2), costs, latency, overhead)
         if growth > bottleneck and abs((c.makespan - b.makespan) - growth) <= 1e-9 * c.makespan:
             return _extend(b, c, rounds - (k + 2))
         k *= 2
-    return simulator.simulate(layout, costs, latency, overhead)
+    return simulator.simulate(shape, costs, latency, overhead)
 
 
 def _extend(b: simulator.StepResult, c: simulator.StepResult, extra: int) -> simulator.StepResult:
