@@ -84,3 +84,12 @@ def test_float8_on_cpu_without_emulation_warns_with_the_fix(capsys: pytest.Captu
     assert err.count("\n") == 1 and "--quantize.dense.float8.emulate" in err
     check_float8_support(Float8(enable=True, emulate=True), torch.device("cpu"))  # an explicit choice stays quiet
     assert capsys.readouterr().err == ""
+
+
+def test_every_active_row_and_feature_is_checked() -> None:
+    """A refused cell is found wherever it sits among the job's rows and features (the AC column comes first)."""
+    error = table.refusal(["fsdp", "ep"], ["ac_selective_op", "compile"])
+    assert isinstance(error, ConfigError) and "torch.compile cannot trace" in str(error), "EP x compile not refused"
+    features = table.active_features(ac_mode="selective", ac_option="op", compile_enabled=True)
+    assert features == ["ac_selective_op", "compile"]
+    assert table.refusal(["fsdp", "ep"], ["ac_selective_op"]) is None
