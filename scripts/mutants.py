@@ -181,6 +181,8 @@ def start_pytest(copy: Path, tests: list[str], log: Path, first_failure: bool = 
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+        # a capturing parent's sys.stdout (pytest's, in the runner's own test) is not fd 1
+        sys.stdout = sys.stderr = open(fd, "w", buffering=1, closefd=False)  # noqa: SIM115
         os.chdir(copy)
         os.environ.update(PYTHONPATH=str(copy / "src"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
         sys.path.insert(0, str(copy / "src"))
