@@ -294,7 +294,7 @@ def run(chosen: list[Mutant], no_baseline: bool, timeout: float, jobs: int = 1, 
         for slot in slots:
             copy_tree(root, slot.copy)
         results = run_slots(slots, chosen, timeout)
-        unsound = [] if no_baseline else baseline(slots[0].copy, results, timeout)
+        unsound = [] if no_baseline else baseline([s.copy for s in slots], results, timeout)
     if snapshot(root) != before:
         print(f"the tree at {root} changed during the run: check `git status` there")
         return 1
@@ -346,22 +346,25 @@ def step_slots(slots: list[Slot], todo: list[Mutant], results: Results, timeout:
             print(result.split("\n", 1)[1])
 
 
-def baseline(copy: Path, results: Results, timeout: float) -> list[Mutant]:
-    """Run every test that killed a mutant on the unmutated copy (a test failing there kills every mutant for
-    nothing); the mutants killed only by such tests."""
+def baseline(copies: list[Path], results: Results, timeout: float) -> list[Mutant]:
+    """Run every test that killed a mutant on the unmutated copies (a test failing there kills mutants for nothing;
+    split over the copies, run at once); the mutants killed only by such tests."""
     killers = sorted({t for _, result, tests in results if result.startswith("killed") for t in tests})
     if not killers:
         return []
-    began, log = time.monotonic(), copy.parent / "baseline.log"
-    code = wait_pytest(start_pytest(copy, killers, log, first_failure=False), began + timeout * 2)
-    failing = set(killers) if code is None else set(failed_tests(log)) if code else set()
+    began, failing = time.monotonic(), set()
+    groups = [(copy, killers[i :: len(copies)], copy.parent / f"baseline{i}.log") for i, copy in enumerate(copies)]
+    runs = [(start_pytest(copy, tests, log, first_failure=False), tests, log) for copy, tests, log in groups if tests]
+    for pid, tests, log in runs:
+        code = wait_pytest(pid, began + timeout * 2)
+        failing |= set(tests) if code is None else set(failed_tests(log)) if code else set()
+        if code not in (0, 1, None):
+            print(log.read_text(errors="replace")[-2000:])
+            failing |= set(tests)
     print(
         f"baseline: {len(killers)} killing tests on the unmutated tree: {len(failing)} fail "
-        f"({time.monotonic() - began:.0f} s)"
+        f"({time.monotonic() - began:.0f} s)" + "".join(f"\n  fails unmutated: {t}" for t in sorted(failing))
     )
-    if code not in (0, 1, None):
-        print(log.read_text(errors="replace")[-2000:])
-        failing = set(killers)
     return [m for m, result, tests in results if result.startswith("killed") and tests and set(tests) <= failing]
 
 

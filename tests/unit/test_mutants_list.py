@@ -59,11 +59,15 @@ def _toy_repo(root: Path) -> None:
     (root / "tests" / "mutants").mkdir(parents=True)
     (root / "tests" / "test_toy.py").write_text(
         "from toy import add, sign\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
-        "def test_sign():\n    assert sign(2)\n"
+        "def test_sign():\n    assert sign(2)\n\n\ndef test_broken():\n    assert add(1, 1) == 3\n"
     )
     entry = '[[mutant]]\nname = "{n}"\nfile = "src/toy/__init__.py"\nfind = "{f}"\nreplace = "{r}"\n'
     entry += 'tests = ["tests/test_toy.py::test_add", "tests/test_toy.py::test_sign"]\nwhy = "w"\n'
     lists = entry.format(n="add-subtracts", f="a + b", r="a - b") + entry.format(n="sign-ge", f="x > 0", r="x >= 0")
+    broken = entry.format(n="killed-for-nothing", f="return a", r="return  a")  # its test fails unmutated
+    lists += broken.replace(
+        '["tests/test_toy.py::test_add", "tests/test_toy.py::test_sign"]', '["tests/test_toy.py::test_broken"]'
+    )
     (root / "tests" / "mutants" / "toy.toml").write_text(lists)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "toy"]):
@@ -73,8 +77,9 @@ def _toy_repo(root: Path) -> None:
 def test_the_runner_kills_reports_survivors_and_leaves_the_tree_and_temp_clean(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Two mutants at a time in forked runs from this process: the killed one, the survivor named, the killing test
-    baselined, the tree's files and git status unchanged, no meshforge-mutants-* folder left."""
+    """Two mutants at a time in forked runs from this process: the killed one, the survivor named, the killing
+    tests baselined (one fails unmutated: its mutant is reported), the tree's files and git status unchanged, no
+    meshforge-mutants-* folder left."""
     import tempfile
 
     mod = runner()
@@ -86,8 +91,9 @@ def test_the_runner_kills_reports_survivors_and_leaves_the_tree_and_temp_clean(
     code = mod.run(mod.load_all(repo), no_baseline=False, timeout=120, jobs=2, root=repo)
     out = capsys.readouterr().out
     assert code == 1, out
-    assert "1 of 2 mutants killed" in out and "SURVIVED: sign-ge (toy.toml)" in out, out
-    assert "baseline: 1 killing tests on the unmutated tree: 0 fail" in out, out
+    assert "1 of 3 mutants killed" in out and "SURVIVED: sign-ge (toy.toml)" in out, out
+    assert "baseline: 2 killing tests on the unmutated tree: 1 fail" in out, out
+    assert "killed by a test that fails unmutated: killed-for-nothing" in out, out
     assert mod.snapshot(repo) == before, "the runner touched the tree"
     assert set(temp.glob("meshforge-mutants-*")) == leftovers, "a temporary copy was left behind"
 
