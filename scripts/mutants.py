@@ -229,6 +229,7 @@ class Slot:
     pid: int = 0
     original: str = ""
     started: float = 0.0
+    tree: dict[str, str] | None = None  # the tree's snapshot: what a restored file must hash to
 
 
 def plant(slot: Slot, m: Mutant) -> None:
@@ -244,8 +245,9 @@ def restore(slot: Slot) -> None:
     assert slot.mutant is not None
     target = slot.copy / slot.mutant.file
     write_source(target, slot.original)
-    if hashlib.sha256(target.read_bytes()).digest() != hashlib.sha256(slot.original.encode()).digest():
-        raise RuntimeError(f"{target} was not restored")
+    want = (slot.tree or {}).get(slot.mutant.file, hashlib.sha256(slot.original.encode()).hexdigest())
+    if hashlib.sha256(target.read_bytes()).hexdigest() != want:
+        raise RuntimeError(f"{target} was not restored to the tree's text")
 
 
 def outcome(code: int | None, log: Path) -> str:
@@ -290,7 +292,7 @@ def run(chosen: list[Mutant], no_baseline: bool, timeout: float, jobs: int = 1, 
     start, before = time.perf_counter(), snapshot(root)
     preload(root)
     with tempfile.TemporaryDirectory(prefix="meshforge-mutants-") as tmp:
-        slots = [Slot(Path(tmp) / f"copy{i}") for i in range(max(1, jobs))]
+        slots = [Slot(Path(tmp) / f"copy{i}", tree=before) for i in range(max(1, jobs))]
         for slot in slots:
             copy_tree(root, slot.copy)
         results = run_slots(slots, chosen, timeout)
@@ -355,12 +357,17 @@ def baseline(copies: list[Path], results: Results, timeout: float) -> list[Mutan
     began, failing = time.monotonic(), set()
     groups = [(copy, killers[i :: len(copies)], copy.parent / f"baseline{i}.log") for i, copy in enumerate(copies)]
     runs = [(start_pytest(copy, tests, log, first_failure=False), tests, log) for copy, tests, log in groups if tests]
-    for pid, tests, log in runs:
-        code = wait_pytest(pid, began + timeout * 2)
-        failing |= set(tests) if code is None else set(failed_tests(log)) if code else set()
-        if code not in (0, 1, None):
-            print(log.read_text(errors="replace")[-2000:])
-            failing |= set(tests)
+    try:
+        for pid, tests, log in runs:
+            code = wait_pytest(pid, began + timeout * 2)
+            failing |= set(tests) if code is None else set(failed_tests(log)) if code else set()
+            if code not in (0, 1, None):
+                print(log.read_text(errors="replace")[-2000:])
+                failing |= set(tests)
+    finally:  # Ctrl-C: no baseline run outlives the copies
+        for pid, _, _ in runs:
+            with contextlib.suppress(ChildProcessError):
+                wait_pytest(pid, 0)
     print(
         f"baseline: {len(killers)} killing tests on the unmutated tree: {len(failing)} fail "
         f"({time.monotonic() - began:.0f} s)" + "".join(f"\n  fails unmutated: {t}" for t in sorted(failing))
