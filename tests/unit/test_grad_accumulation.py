@@ -4,14 +4,25 @@ tests/distributed/test_fsdp_parity.py::test_gradient_accumulation_matches_larger
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+import torch
 from parity import BASE, GLOBAL_BATCH, assert_parity
 
 from meshforge.config.io import load_config
 from meshforge.train.loop import train
 
 STEPS = ["--training.steps", "3"]
+
+
+@pytest.fixture(autouse=True)
+def _process_as_found() -> Iterator[None]:
+    """training.deterministic switches torch's deterministic algorithms on process-wide: later tests get it back off."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def _trace(dump: Path, batch: int, accum: int) -> tuple[list[float], list[float]]:
