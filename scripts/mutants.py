@@ -14,13 +14,14 @@ A mutant is *killed* when its tests fail (pytest exit 1; a timeout counts as kil
 is a poor way to catch a bug). The tests that killed a mutant then run on the unmutated copy (``--no-baseline`` skips
 it): a test that fails there "kills" mutants for nothing, and those mutants are reported. Only the killing tests run
 there, so a slow fallback test listed after a fast one costs nothing while the fast one kills. Exit status: 0 when
-every mutant is killed, 1 on a survivor, a mutant whose tests could not run (pytest exit 2-5: unknown node id, no tests
-collected) or a killing test that fails unmutated, 2 on an invalid list (a ``find`` that does not occur exactly once,
-a missing key or file, a duplicate name).
+every mutant is killed; 1 on a survivor, a mutant whose tests could not run (pytest exit 2-5: unknown node id, no
+tests collected), a killing test that fails unmutated, or a tree that changed during the run; 2 on an invalid list
+(a ``find`` that does not occur exactly once, a missing key or file, a duplicate name).
 
     python scripts/mutants.py                 # every mutant of every tests/mutants/*.toml
     python scripts/mutants.py --only ring,tps # the mutants whose name contains "ring" or "tps"
     python scripts/mutants.py --list          # validate and list, run nothing
+    python scripts/mutants.py --jobs 1        # one mutant at a time (default 2, each in its own copy)
 """
 
 from __future__ import annotations
