@@ -46,3 +46,36 @@ def test_refused_layouts_say_why() -> None:
         check_loss_chunks(4, tp=2, pp=1)
     with pytest.raises(ConfigError, match="pipeline_parallel_degree 2"):
         check_loss_chunks(4, tp=1, pp=2)
+
+
+def test_ignored_labels_are_left_out_of_the_mean() -> None:
+    """Labels equal to -100 (F.cross_entropy's ignore_index) count in neither the sum nor the token count."""
+    from meshforge.model.chunked_loss import IGNORE_INDEX, chunked_cross_entropy
+
+    torch.manual_seed(0)
+    head, hidden = torch.nn.Linear(16, 50), torch.randn(2, 12, 16)
+    labels = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    labels[0, :5] = IGNORE_INDEX
+    want = F.cross_entropy(head(hidden).flatten(0, 1), labels.flatten(0, 1))
+    got = chunked_cross_entropy(head, hidden, labels, chunks=4)
+    assert abs(got.item() - want.item()) <= 1e-6, f"{got.item()} vs {want.item()}: ignored labels counted in the mean"
+
+
+def test_no_chunk_logits_are_kept_for_backward() -> None:
+    """What the forward saves for backward (seen by a saved-tensors hook outside the chunks' recomputation) holds no
+    logits: each chunk's are recomputed in backward, so the full (tokens x vocab) tensor never exists."""
+    from meshforge.model.chunked_loss import chunked_cross_entropy
+
+    vocab, saved = 512, []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(tuple(t.shape))
+        return t
+
+    head, hidden = torch.nn.Linear(16, vocab), torch.randn(2, 24, 16, requires_grad=True)
+    labels = torch.randint(0, vocab, (2, 24))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = chunked_cross_entropy(head, hidden, labels, chunks=4)
+    loss.backward()
+    logits = [s for s in saved if s and s[-1] == vocab]
+    assert saved and not logits, f"chunk logits kept for backward (no recomputation): {logits}"

@@ -148,3 +148,12 @@ def test_a_three_way_refusal_needs_all_of_its_settings(capsys: pytest.CaptureFix
     assert "selective_ac_option = 'op'" in capsys.readouterr().err
     assert table.refusal(["tp_sp"], ["ac_every_n", "compile"], "cpu") is not None  # every N-th block: full AC too
     assert table.refusal(["tp_sp"], ["ac_selective_op", "compile"], "cpu") is None
+
+
+def test_every_active_row_and_feature_is_checked() -> None:
+    """A refused cell is found wherever it sits among the job's rows and features (the AC column comes first)."""
+    error = table.refusal(["fsdp", "ep"], ["ac_selective_op", "compile"])
+    assert isinstance(error, ConfigError) and "torch.compile cannot trace" in str(error), "EP x compile not refused"
+    features = table.active_features(ac_mode="selective", ac_option="op", compile_enabled=True)
+    assert features == ["ac_selective_op", "compile"]
+    assert table.refusal(["fsdp", "ep"], ["ac_selective_op"]) is None

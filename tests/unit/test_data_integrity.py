@@ -231,3 +231,25 @@ def test_val_fraction_rounding_to_none_holds_out_the_last_document(
     assert manifest["stats"]["train_tokens"] == train.num_tokens
     many = prepare([_jsonl(tmp_path / "many.jsonl", 400)], tmp_path / "many", options)
     assert "rounds to none" not in capsys.readouterr().err and many["splits"]["val"]["documents"] == 3
+
+
+def test_full_verify_reads_every_index_offset(tmp_path: Path) -> None:
+    """An .idx whose first and last offsets and length are right but whose middle offsets do not increase (a
+    document boundary scrambled) passes the cheap check; `data verify` and data.verify = full must name it, and the
+    sum of the shards' counts must equal the manifest's."""
+    out = _small(tmp_path)
+    name = "train-00001.idx"
+    offsets = np.load(out / name)
+    assert len(offsets) >= 3, offsets
+    offsets[1], offsets[2] = offsets[2], offsets[1]  # not increasing any more; first, last and length unchanged
+    with open(out / name, "wb") as f:  # np.save on a path would append .npy
+        np.save(f, offsets)
+    PreparedSplit(out)  # the cheap check cannot see it
+    assert integrity.verify(out) == [f"{out / name} has offsets that do not increase"], "verify skipped the offsets"
+    with pytest.raises(ConfigError, match=r"train-00001\.idx has offsets that do not increase"):
+        PreparedSplit(out, verify="full")
+    manifest = json.loads((out / shards.MANIFEST).read_text())
+    manifest["splits"]["train"]["documents"] += 1
+    (out / shards.MANIFEST).write_text(json.dumps(manifest))
+    problems = integrity.verify(out)
+    assert len(problems) == 2 and "train documents" in problems[0], "verify did not sum the shards' documents"

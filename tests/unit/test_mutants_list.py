@@ -47,3 +47,66 @@ def test_the_runner_refuses_a_find_that_is_not_unique_and_a_missing_key(tmp_path
     (tmp_path / "tests" / "mutants" / "x.toml").write_text(good.replace('why = "w"\n', ""))
     with pytest.raises(mod.ListError, match=r"missing keys \['why'\]"):
         mod.load_all(tmp_path)
+
+
+def _toy_repo(root: Path) -> None:
+    """A git repository with one module, its tests and two mutants: one its tests kill, one they miss."""
+    import subprocess
+
+    (root / "src" / "toy").mkdir(parents=True)
+    module = "def add(a, b):\n    return a + b\n\n\ndef sign(x):\n    return x > 0\n"
+    (root / "src" / "toy" / "__init__.py").write_text(module)
+    (root / "tests" / "mutants").mkdir(parents=True)
+    (root / "tests" / "test_toy.py").write_text(
+        "from toy import add, sign\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+        "def test_sign():\n    assert sign(2)\n\n\ndef test_broken():\n    assert add(1, 1) == 3\n"
+    )
+    entry = '[[mutant]]\nname = "{n}"\nfile = "src/toy/__init__.py"\nfind = "{f}"\nreplace = "{r}"\n'
+    entry += 'tests = ["tests/test_toy.py::test_add", "tests/test_toy.py::test_sign"]\nwhy = "w"\n'
+    lists = entry.format(n="add-subtracts", f="a + b", r="a - b") + entry.format(n="sign-ge", f="x > 0", r="x >= 0")
+    broken = entry.format(n="killed-for-nothing", f="return a", r="return  a")  # its test fails unmutated
+    lists += broken.replace(
+        '["tests/test_toy.py::test_add", "tests/test_toy.py::test_sign"]', '["tests/test_toy.py::test_broken"]'
+    )
+    (root / "tests" / "mutants" / "toy.toml").write_text(lists)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "toy"]):
+        subprocess.run([*git, *args], cwd=root, check=True, capture_output=True)
+
+
+def test_the_runner_kills_reports_survivors_and_leaves_the_tree_and_temp_clean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two mutants at a time in forked runs from this process: the killed one, the survivor named, the killing
+    tests baselined (one fails unmutated: its mutant is reported), the tree's files and git status unchanged, no
+    meshforge-mutants-* folder left."""
+    import tempfile
+
+    mod = runner()
+    repo = tmp_path / "repo"
+    _toy_repo(repo)
+    before = mod.snapshot(repo)
+    temp = Path(tempfile.gettempdir())
+    leftovers = set(temp.glob("meshforge-mutants-*"))
+    code = mod.run(mod.load_all(repo), no_baseline=False, timeout=120, jobs=2, root=repo)
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "1 of 3 mutants killed" in out and "SURVIVED: sign-ge (toy.toml)" in out, out
+    assert "baseline: 2 killing tests on the unmutated tree: 1 fail" in out, out
+    assert "killed by a test that fails unmutated: killed-for-nothing" in out, out
+    assert mod.snapshot(repo) == before, "the runner touched the tree"
+    assert set(temp.glob("meshforge-mutants-*")) == leftovers, "a temporary copy was left behind"
+
+
+def test_a_restored_module_is_never_imported_from_a_stale_bytecode(tmp_path: Path) -> None:
+    """A same-size edit within the same second as the cached .pyc (checked by mtime + size) must not import the old
+    text: write_source drops the cache."""
+    import py_compile
+
+    mod = runner()
+    source = tmp_path / "m.py"
+    source.write_text("X = 1\n")
+    cached = Path(py_compile.compile(str(source)))
+    assert cached.is_file()
+    mod.write_source(source, "X = 2\n")
+    assert not cached.exists(), "the mutated module's bytecode of its old text survived"
