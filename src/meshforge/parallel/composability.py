@@ -50,6 +50,7 @@ FEATURES: dict[str, str] = {
     "moe": "MoE flavors",
     "loss_chunks": "chunked loss (training.loss_chunks > 1)",
     "activation_offload": "activation offload",
+    "cpu_offload": "FSDP CPU offload (training.enable_cpu_offload)",
 }
 
 
@@ -90,6 +91,9 @@ CELLS: dict[tuple[str, str], Cell] = {
     ),
     ("fsdp", "loss_chunks"): Cell(
         "parity-tested", "tests/distributed/test_chunked_loss_parity.py::test_fsdp2_chunked_loss_matches_unchunked"
+    ),
+    ("fsdp", "cpu_offload"): Cell(
+        "parity-tested", "tests/distributed/test_cpu_offload.py::test_fsdp2_cpu_offload_matches_single_process"
     ),
     **{
         (f"pp_{name}", "ac_selective_op"): Cell("refused", _ZB_REASON, _ZB_FIX)

@@ -39,6 +39,7 @@ from meshforge.observability.profiling import StepProfiler, check_window, profil
 from meshforge.observability.straggler import StragglerDetector
 from meshforge.parallel.activation_offload import offload_context
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
+from meshforge.parallel.cpu_offload import banner, check_cpu_offload, materialize
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales
@@ -86,7 +87,7 @@ class TrainState:
 def setup(cfg: JobConfig) -> TrainState:
     """Everything a run needs, built in the one direction data flows."""
     check_writable(Path(cfg.job.dump_folder), "job.dump_folder")
-    ctx = init_distributed(cfg.training.device, cfg.comm.init_timeout_seconds)
+    ctx = init_distributed(cfg.training.device, cfg.comm.init_timeout_seconds, cfg.training.enable_cpu_offload)
     cfg, precision = with_param_dtype(cfg, ctx.device)
     if cfg.training.deterministic:
         enable_determinism(ctx.device)
@@ -97,6 +98,7 @@ def setup(cfg: JobConfig) -> TrainState:
     dims.validate_model(model_args, cfg.training.seq_len)
     check_trainable(model_args, dims.pp)
     check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
+    check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
     dims.validate_features(
         cfg.parallelism, device=ctx.device, compile_enabled=cfg.compile.enable, float8=cfg.quantize.dense.float8
     )
@@ -207,7 +209,7 @@ def build_model_parts(
         )
         return pipeline.model_parts, pipeline
     parallelize_part(model)
-    model.to_empty(device=ctx.device)
+    materialize(model, ctx.device, cpu_offload=cfg.training.enable_cpu_offload)
     model.init_weights(cfg.training.seed)
     model.train()
     return [model], None
@@ -396,6 +398,8 @@ def run_job(state: TrainState) -> list[dict[str, Any]]:
             f"{peak} ({state.metrics.peak_source}), compute dtype {state.precision}",
             flush=True,
         )
+        if offload := banner(cfg.training.enable_cpu_offload, state.ctx.device):
+            print(f"meshforge: {offload}", flush=True)
     if cfg.checkpoint.create_seed_checkpoint:
         assert state.checkpointer is not None
         # step-0: initial weights any layout can load

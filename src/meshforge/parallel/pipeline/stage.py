@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from meshforge.config.schema import ActivationCheckpoint, Parallelism, Training
 from meshforge.errors import ConfigError
 from meshforge.model.llama import Transformer
+from meshforge.parallel.cpu_offload import materialize
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.pipeline.bubble import (
     BusyClock,
@@ -253,7 +254,7 @@ def build_pipeline(
     for index in sorted(s for s, r in ranks.items() if r == pp_rank):
         part = prune_to_stage(model, modules[index])
         parallelize_part(part)
-        part.to_empty(device=device)
+        materialize(part, device, cpu_offload=training.enable_cpu_offload)
         part.init_weights(training.seed)
         part.train()
         stages.append(TimedPipelineStage(part, index, len(modules), device, group=pp_group, clock=clock))
