@@ -18,6 +18,8 @@ from meshforge.parallel.expert_rules import check_ep_degrees, check_ep_shape
 from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
+from meshforge.plan.lever_search import fitting_lever
+from meshforge.plan.levers import device_state_numel, effective
 from meshforge.plan.memory import STATE_BYTES, local_param_numel, memory, rank_memory, rank_parts
 
 SEARCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
@@ -173,17 +175,19 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
             continue
         try:
             check_layout(layout, args)
-            if state_gib(args, layout, hw) > usable:
-                too_big.add(shape)
-                continue
-            # rank 0's peak bounds the peak over the ranks from below: most layouts that do not fit stop here
-            if rank_memory(args, layout, hw, 0).peak > usable:
-                continue
-            mem = memory(args, layout, hw)
+            state_fits = state_gib(args, layout, hw) <= usable
+            # rank 0's peak bounds the peak over the ranks from below: most layouts that do not fit stop there
+            fits = state_fits and rank_memory(args, layout, hw, 0).peak <= usable
+            fits = fits and memory(args, layout, hw).peak <= usable
         except ConfigError:
             continue
-        if mem.peak > usable:
-            continue
+        if not fits:  # the memory levers' ladder, cheapest first (plan/lever_search.py)
+            rescued = fitting_lever(args, layout, hw, usable)
+            if rescued is None:
+                if not state_fits:
+                    too_big.add(shape)
+                continue
+            layout = rescued
         ranked.append(estimate(layout, hw))
     ranked = recommendation_order(ranked)
     baseline = None
@@ -204,6 +208,7 @@ def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:
     """Rank 0's parameters, gradients and optimizer state with the allocator's share: a lower bound of its peak that
     depends only on the degrees and the schedule's stages."""
     numel = local_param_numel(args, layout, rank_parts(args, layout, 0))
+    numel = device_state_numel(effective(layout, hw), numel)  # CPU offload: on the host
     eff = hw.efficiency
     return numel * sum(STATE_BYTES.values()) * (1 + eff.allocator_overhead) / GIB + eff.framework_gib
 

@@ -22,6 +22,7 @@ from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulat
 from meshforge.plan import comm, schedules
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, check_layout, layout_args, stage_layer_counts
+from meshforge.plan.levers import lever_times
 from meshforge.plan.memory import (
     DTYPE_BYTES,
     MAX_LOAD,
@@ -407,6 +408,7 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
         "pipeline_bubble": bubble,
     }
     times["optimizer"] = numel * OPTIMIZER_TRAFFIC_PER_PARAM / r.memory * over
+    times |= lever_times(args, layout, hw, r, slowest.parts, numel, compute)  # memory levers (plan/levers.py)
     if args.is_moe:  # token all-to-alls: exposed, none overlapped with compute (meshforge waits on each at once)
         times["exposed_ep_comm"] = moe_estimate(args, layout, layout.ep, hw, MAX_LOAD).all_to_all_seconds
     step = sum(times.values())

@@ -12,6 +12,7 @@ from meshforge.plan.fit import Fit, MemoryFit
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.interval import Interval, difference_sd, interval, separable
 from meshforge.plan.layout import layout_args
+from meshforge.plan.lever_search import explain
 from meshforge.plan.memory import MAX_LOAD, STATE_BYTES, routed_rank_numel
 
 TIME_LABELS = {
@@ -191,6 +192,7 @@ def format_search(result: SearchResult, hw: HardwareProfile) -> str:
         lines.append(_row("runner-up", result.ranked[1], hw))
     if result.baseline is not None:
         lines.append(_row("your config", result.baseline, hw))
+    lines += [line for line in [explain(best, hw, layout_args(lay))] if line]  # memory levers (plan/levers.py)
     lines += ["", separation(result, hw)]
     lines += [f"not searched: {feature}: {reason}" for feature, reason in result.excluded]
     lines += ["", "why this TP degree (best fitting layout per TP degree):"]
@@ -224,6 +226,7 @@ def search_json(result: SearchResult, hw: HardwareProfile) -> dict[str, Any]:
         result.baseline.to_dict() | interval(result.baseline, hw).as_dict() if result.baseline else None
     )
     out["not_searched"] = [{"feature": f, "reason": r} for f, r in result.excluded]
+    out["lever"] = explain(result.best, hw, layout_args(result.best.layout)) or None
     out["layouts_tried"], out["layouts_fitting"] = result.tried, len(result.ranked)
     out["best_per_tp"] = [_brief(e) for e in _sorted(result, "tp")]
     out["best_per_schedule"] = [_brief(e) for e in _sorted(result, "schedule")]

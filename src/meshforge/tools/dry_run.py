@@ -42,7 +42,6 @@ from torch.distributed.tensor.placement_types import Placement, Shard, _StridedS
 from meshforge.config.schema import JobConfig, Parallelism
 from meshforge.device.precision import resolve_param_dtype
 from meshforge.errors import ConfigError
-from meshforge.model.chunked_loss import check_loss_chunks
 from meshforge.model.flavors import ModelArgs, param_counts
 from meshforge.model.hf_config import model_label
 from meshforge.model.llama import build_model, canonical_name, check_trainable
@@ -257,7 +256,6 @@ def plan(cfg: JobConfig, world_size: int) -> DryRun:
     args = model_args(cfg, notes)
     dims.validate_model(args, cfg.training.seq_len)
     check_trainable(args, dims.pp)  # tied embeddings across pipeline stages are refused as training refuses them
-    check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
     check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
     check_features(cfg, dims, target, notes)
     with fake_world(world_size):

@@ -37,7 +37,6 @@ from torch import nn
 
 from meshforge.config.schema import JobConfig
 from meshforge.errors import ConfigError
-from meshforge.model.chunked_loss import check_loss_chunks
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.llama import build_model
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
@@ -282,7 +281,6 @@ def memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelD
             f"--dry-run --memory: pipeline_parallel_degree = {dims.pp} is not covered by the fake-tensor step yet "
             "(the schedule's in-flight micro-batches); run it with pipeline_parallel_degree 1 or use `meshforge plan`"
         )
-    check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
     check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
     probes = probe_layers(args.n_layers)
     peaks = []

@@ -29,7 +29,6 @@ from meshforge.device.dtypes import DTYPES
 from meshforge.device.peak import device_peak_flops
 from meshforge.device.precision import resolve_param_dtype
 from meshforge.device.transfer import to_device
-from meshforge.model.chunked_loss import check_loss_chunks
 from meshforge.model.flavors import ModelArgs, flops_per_token, model_args_for
 from meshforge.model.llama import build_model, check_trainable
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
@@ -97,7 +96,6 @@ def setup(cfg: JobConfig) -> TrainState:
     model_args = model_args_for(cfg, tokenizer.vocab_size)
     dims.validate_model(model_args, cfg.training.seq_len)
     check_trainable(model_args, dims.pp)
-    check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
     check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
     dims.validate_features(
         cfg.parallelism, device=ctx.device, compile_enabled=cfg.compile.enable, float8=cfg.quantize.dense.float8
