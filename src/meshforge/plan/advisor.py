@@ -162,12 +162,15 @@ def pipeline_options(layout: Layout) -> Iterator[Layout]:
 
 
 def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
-    """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory)."""
+    """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory). A layout
+    that does not fit is retried with the memory levers (plan/lever_search.py): at once without a pipeline; pipeline
+    layouts (whose schedule simulation is most of the search's cost) only when nothing else fits."""
     args = layout_args(base)
     ranked: list[Estimate] = []
     tried = 0
     usable = hw.spec.device_memory_gib(world) - hw.spec.runtime_gib
     too_big: set[tuple[int | str, ...]] = set()
+    deferred: list[Layout] = []
     for layout in candidates(args, base, world, hw):
         tried += 1
         shape = (layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp, layout.pp, layout.ep, layout.schedule)
@@ -181,14 +184,17 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
             fits = fits and memory(args, layout, hw).peak <= usable
         except ConfigError:
             continue
-        if not fits:  # the memory levers' ladder, cheapest first (plan/lever_search.py)
-            rescued = fitting_lever(args, layout, hw, usable)
+        if not fits:
+            rescued = fitting_lever(args, layout, hw, usable) if layout.pp == 1 else None
+            deferred += [layout] if layout.pp > 1 else []
             if rescued is None:
-                if not state_fits:
-                    too_big.add(shape)
+                too_big |= set() if state_fits else {shape}
                 continue
             layout = rescued
         ranked.append(estimate(layout, hw))
+    if not ranked:
+        rescued_pp = (fitting_lever(args, layout, hw, usable) for layout in deferred)
+        ranked = [estimate(layout, hw) for layout in rescued_pp if layout is not None]
     ranked = recommendation_order(ranked)
     baseline = None
     if base.world_size == world:
