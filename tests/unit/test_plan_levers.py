@@ -85,3 +85,14 @@ def test_a_lever_changes_the_search_recommendation(monkeypatch: pytest.MonkeyPat
     assert memory(layout_args(base), dataclasses.replace(with_levers.layout, loss_chunks=1), h100).peak > (
         h100.spec.memory_gib - h100.spec.runtime_gib
     )
+
+
+def test_lever_layouts_round_trip_through_the_train_flags() -> None:
+    """A recommended lever layout's launch flags (plan/guide.py) give the same layout back."""
+    from meshforge.plan.guide import layout_overrides
+
+    flags = ["--training.loss_chunks", "8", "--activation_checkpoint.offload", "--training.enable_cpu_offload"]
+    layout = planned(flags)
+    again = layout_from_config(load_config(None, layout_overrides(layout, ["--model.flavor", "8B"])), 8)
+    assert again == layout and levers.active(again) == ["chunked loss 8", "activation offload", "CPU offload"]
+    assert "chunked loss 8, activation offload, CPU offload" in layout.describe()
