@@ -34,6 +34,9 @@ SHORT = {
     "exposed_ep_comm": "EP comm",
     "pipeline_bubble": "bubble",
     "optimizer": "optimizer",
+    "chunked_loss_recompute": "chunked-loss recompute",
+    "activation_offload_copies": "activation offload",
+    "cpu_offload_copies": "CPU offload copies",
 }
 
 
@@ -151,7 +154,8 @@ def why(winner: Estimate, other: Estimate) -> str:
     rel = other.tps_per_device / winner.tps_per_device - 1
     w_tok, o_tok = winner.layout.tokens_per_device_step, other.layout.tokens_per_device_step
     floor = 0.01 * winner.step_time / w_tok  # ignore parts that move by less than 1 % of the winner's time per token
-    deltas = {k: d for k in winner.time if abs(d := other.time[k] / o_tok - winner.time[k] / w_tok) >= floor}
+    keys = winner.time.keys() | other.time.keys()  # the memory levers add their own parts
+    deltas = {k: d for k in keys if abs(d := other.time.get(k, 0.0) / o_tok - winner.time.get(k, 0.0) / w_tok) >= floor}
     costs = ", ".join(
         f"{SHORT[k]} +{d * 1e3:.3g}" for d, k in sorted(((d, k) for k, d in deltas.items()), reverse=True)[:2] if d > 0
     )
