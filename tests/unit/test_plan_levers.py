@@ -96,3 +96,12 @@ def test_lever_layouts_round_trip_through_the_train_flags() -> None:
     again = layout_from_config(load_config(None, layout_overrides(layout, ["--model.flavor", "8B"])), 8)
     assert again == layout and levers.active(again) == ["chunked loss 8", "activation offload", "CPU offload"]
     assert "chunked loss 8, activation offload, CPU offload" in layout.describe()
+
+
+def test_cpu_offload_without_fsdp_is_refused_as_training_refuses_it() -> None:
+    from meshforge.config.io import ConfigError
+    from meshforge.plan.layout import check_layout
+
+    layout = planned(["--training.enable_cpu_offload"], world=1)
+    with pytest.raises(ConfigError, match="needs FSDP"):
+        check_layout(layout, layout_args(layout))

@@ -265,6 +265,8 @@ def check_layout(layout: Layout, args: ModelArgs) -> None:
     check_ep_compile(layout.ep, layout.compile)
     if layout.pp > 1:
         check_pipeline(layout, args)
+    if layout.cpu_offload and layout.fsdp_size * layout.dp_replicate == 1:  # training's rule (parallel/cpu_offload.py)
+        raise ConfigError("training.enable_cpu_offload needs FSDP; set data_parallel_shard_degree >= 2")
     if layout.impl not in IMPLEMENTATIONS:
         raise ConfigError(f"--impl {layout.impl!r} is unknown; choose {', '.join(IMPLEMENTATIONS)}")
     if layout.impl == "meshforge":
