@@ -1,18 +1,37 @@
-"""training.loss_chunks under FSDP 2: the same losses and grad norms as the full-logits loss (fp32, same seed)."""
+"""training.loss_chunks on FSDP 2, FSDP 2 x TP 2 (loss parallel: vocab-sharded chunk logits, the parallel
+cross-entropy) and PP 2 (the last stage's forward returns the chunked loss): the same losses and grad norms as the
+full-logits loss on the same layout within 1e-6 (fp32, same seed), and the single process's within the parity
+tolerance."""
 
 from __future__ import annotations
 
 import pytest
 from launcher import run_ranks
-from parity import train_records
+from parity import Trace, assert_parity, reference, train_records
 
 pytestmark = pytest.mark.distributed
 
+STEPS = ["--training.steps", "3"]
+
+
+def assert_chunked_matches_unchunked(world: int, layout: list[str], chunks: int = 5) -> None:
+    want = Trace(run_ranks(train_records, world, [*STEPS, *layout])[0])
+    got = Trace(run_ranks(train_records, world, [*STEPS, *layout, "--training.loss_chunks", str(chunks)])[0])
+    for w, g, wn, gn in zip(want, got, want.grad_norms, got.grad_norms, strict=True):
+        assert abs(g - w) <= 1e-6, (g, w)
+        assert abs(gn - wn) <= 1e-6, (gn, wn)
+    assert_parity(got, reference(tuple(STEPS)))
+
 
 def test_fsdp2_chunked_loss_matches_unchunked() -> None:
-    base = ["--training.local_batch_size", "4", "--training.steps", "3"]
-    want = run_ranks(train_records, 2, base)[0]
-    got = run_ranks(train_records, 2, [*base, "--training.loss_chunks", "5"])[0]
-    for w, g in zip(want, got, strict=True):
-        assert abs(g["loss"] - w["loss"]) <= 1e-6, (g["loss"], w["loss"])
-        assert abs(g["grad_norm"] - w["grad_norm"]) <= 1e-6, (g["grad_norm"], w["grad_norm"])
+    assert_chunked_matches_unchunked(2, ["--training.local_batch_size", "4"])
+
+
+def test_fsdp2_tp2_loss_parallel_chunked_loss_matches_unchunked() -> None:
+    layout = ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"]
+    assert_chunked_matches_unchunked(4, layout)
+
+
+def test_pp2_chunked_loss_matches_unchunked() -> None:
+    layout = ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2"]
+    assert_chunked_matches_unchunked(2, layout, chunks=3)

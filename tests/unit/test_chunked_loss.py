@@ -1,4 +1,4 @@
-"""Chunked loss (model/chunked_loss.py): the same loss and gradients as the full-logits loss, refusals in one line."""
+"""Chunked loss (model/chunked_loss.py): the same loss and gradients as the full-logits loss."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from meshforge.errors import ConfigError
-from meshforge.model.chunked_loss import check_loss_chunks
 from meshforge.model.flavors import get_flavor
 from meshforge.model.llama import build_model
 
@@ -38,14 +36,6 @@ def test_chunked_loss_and_grads_match_full_logits(chunks: int) -> None:
     assert want_grads.keys() == got_grads.keys()
     for name, want in want_grads.items():
         torch.testing.assert_close(got_grads[name], want, rtol=0, atol=1e-6, msg=name)
-
-
-def test_refused_layouts_say_why() -> None:
-    check_loss_chunks(1, tp=8, pp=8)
-    with pytest.raises(ConfigError, match="tensor_parallel_degree 2"):
-        check_loss_chunks(4, tp=2, pp=1)
-    with pytest.raises(ConfigError, match="pipeline_parallel_degree 2"):
-        check_loss_chunks(4, tp=1, pp=2)
 
 
 def test_ignored_labels_are_left_out_of_the_mean() -> None:

@@ -57,3 +57,20 @@ def test_cli_json_record(capsys: pytest.CaptureFixture[str]) -> None:
     assert record["peak_gib"] == pytest.approx(sum(record["by_category"].values()), abs=0.01)
     assert record["probe_layers"] == [2, 3, 4] and "activations" in record["by_category"]
     assert meshforge([*argv, "--parallelism.pipeline_parallel_degree", "2"]) == 2  # refused in one line
+
+
+def test_cpu_offload_moves_sharded_state_off_the_device() -> None:
+    """FSDP CPU offload: the sharded parameters, gradients and optimizer states are reported on the host, the device
+    peak is the largest total without them (so it drops by at least the parameters and optimizer states resident at
+    the baseline's peak), and everything else at the device peak is a device category."""
+    cfg = small(["--activation_checkpoint.mode", "none"])
+    args = dataclasses.replace(resolve_model_args(cfg.model, cfg.training.seq_len), n_layers=2)
+    dims = ParallelDims.from_config(cfg.parallelism, 2)
+    base = fake_cpu_peak(cfg, 2, args, dims)
+    offload_cfg = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, enable_cpu_offload=True))
+    got = fake_cpu_peak(offload_cfg, 2, args, dims)
+    assert got["host_optimizer"] == base["optimizer"] and got["host_gradients"] > 0
+    assert 0 < got["host_parameters"] <= base["parameters"]  # the rope buffer stays on the device
+    on_device = sum(v for k, v in got.items() if not k.startswith("host_"))
+    assert on_device <= sum(base.values()) - base["optimizer"] - got["host_parameters"]
+    assert got["activations"] > 0 and got.get("gradients", 0) == 0

@@ -105,6 +105,9 @@ class Training:
     loss_chunks: int = 1
     """Output projection + cross-entropy over this many token chunks, each chunk's logits recomputed in backward
     (the full tokens x vocab logits never exist; model/chunked_loss.py). 1: off."""
+    enable_cpu_offload: bool = False
+    """FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host memory (pinned on CUDA),
+    the optimizer step on the host (parallel/cpu_offload.py). Needs FSDP; a no-op for memory on a CPU-only machine."""
 
     def validate(self) -> None:
         _positive("training.local_batch_size", self.local_batch_size)

@@ -52,6 +52,7 @@ FEATURES: dict[str, str] = {
     "moe": "MoE flavors",
     "loss_chunks": "chunked loss (training.loss_chunks > 1)",
     "activation_offload": "activation offload",
+    "cpu_offload": "FSDP CPU offload (training.enable_cpu_offload)",
 }
 
 
@@ -67,6 +68,8 @@ class Cell:
 _ZB_REASON = "per-op selective AC's saved-op cache is consumed by the split input-gradient pass"
 _ZB_FIX = "activation_checkpoint.selective_ac_option = 2 (every 2nd block), or mode = 'full' / 'none'"
 _MOE_PARITY = "tests/distributed/test_moe_parity.py"
+_CHUNKED = "tests/distributed/test_chunked_loss_parity.py"
+_CHUNKED_TP = f"{_CHUNKED}::test_fsdp2_tp2_loss_parallel_chunked_loss_matches_unchunked"
 
 CELLS: dict[tuple[str, str], Cell] = {
     ("fsdp", "ac_none"): Cell("parity-tested", "tests/distributed/test_fsdp_parity.py"),
@@ -90,8 +93,12 @@ CELLS: dict[tuple[str, str], Cell] = {
         "torch.compile cannot trace the data-dependent token all-to-all sizes",
         "compile.enable = false (MoE without EP compiles: tests/unit/test_moe_compile.py)",
     ),
-    ("fsdp", "loss_chunks"): Cell(
-        "parity-tested", "tests/distributed/test_chunked_loss_parity.py::test_fsdp2_chunked_loss_matches_unchunked"
+    ("fsdp", "loss_chunks"): Cell("parity-tested", f"{_CHUNKED}::test_fsdp2_chunked_loss_matches_unchunked"),
+    ("tp_sp", "loss_chunks"): Cell("parity-tested", _CHUNKED_TP),
+    ("loss_parallel", "loss_chunks"): Cell("parity-tested", _CHUNKED_TP),
+    ("pp_1F1B", "loss_chunks"): Cell("parity-tested", f"{_CHUNKED}::test_pp2_chunked_loss_matches_unchunked"),
+    ("fsdp", "cpu_offload"): Cell(
+        "parity-tested", "tests/distributed/test_cpu_offload.py::test_fsdp2_cpu_offload_matches_single_process"
     ),
     **{
         (f"pp_{name}", "ac_selective_op"): Cell("refused", _ZB_REASON, _ZB_FIX)
@@ -236,6 +243,7 @@ def job_features(cfg: Any, model_args: Any) -> list[str]:
         "moe": model_args.is_moe,
         "loss_chunks": training.loss_chunks > 1,
         "activation_offload": ac.offload,
+        "cpu_offload": training.enable_cpu_offload,
     }
     return out + [name for name, on in flags.items() if on]
 

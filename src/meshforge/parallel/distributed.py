@@ -35,15 +35,26 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(requested_device: str, init_timeout_s: int) -> DistContext:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, ...); a lone process runs without one."""
+def process_group_backend(device: torch.device, cuda_backend: str, cpu_offload: bool) -> str:
+    """The process group's backend: gloo on a CPU; on CUDA ``cuda_backend``, with a gloo CPU backend beside NCCL
+    under CPU offload (the gradient norm is reduced over host-side gradient shards: parallel/cpu_offload.py)."""
+    if device.type != "cuda":
+        return "gloo"
+    if cpu_offload and cuda_backend == "nccl":
+        return "cuda:nccl,cpu:gloo"
+    return cuda_backend
+
+
+def init_distributed(requested_device: str, init_timeout_s: int, cpu_offload: bool = False) -> DistContext:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, ...); a lone process runs without one.
+    ``cpu_offload``: a gloo CPU backend beside NCCL (parallel/cpu_offload.py)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(requested_device, local_rank)
     if world_size == 1:
         return DistContext(0, 1, 0, device, None)
     # MESHFORGE_CUDA_BACKEND=gloo: CUDA tensors over gloo, where NCCL refuses (several ranks on one GPU: the GPU check)
-    backend = os.environ.get("MESHFORGE_CUDA_BACKEND", "nccl") if device.type == "cuda" else "gloo"
+    backend = process_group_backend(device, os.environ.get("MESHFORGE_CUDA_BACKEND", "nccl"), cpu_offload)
     if device.type == "cpu":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group(

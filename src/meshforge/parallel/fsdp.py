@@ -9,6 +9,7 @@ from torch.distributed.tensor import Shard
 
 from meshforge.device.dtypes import DTYPES
 from meshforge.model.moe import moe_layers
+from meshforge.parallel.cpu_offload import offload_policy
 
 
 def resolve_reshard_after_forward(policy: str, pipeline_parallel: bool) -> bool:
@@ -33,12 +34,15 @@ def apply_fsdp(
     reduce_dtype: str,
     reshard_after_forward: bool,
     expert_mesh: DeviceMesh | None = None,
+    cpu_offload: bool = False,
 ) -> None:
     """Shard every transformer block, then the root (embedding, norm, output). ``mesh`` is 1-D (FSDP) or 2-D
     (replicate, shard) for HSDP. Under expert parallel (``expert_mesh`` = (efsdp, ep)) each MoE layer's routed
     experts, ep-sharded on dim 0, are sharded on dim 1 over efsdp first (FSDP averages their gradients over efsdp;
-    the experts scale them by 1 / ep themselves, parallel/expert_parallel.py)."""
+    the experts scale them by 1 / ep themselves, parallel/expert_parallel.py). ``cpu_offload``: FSDP2's
+    CPUOffloadPolicy on every call (parallel/cpu_offload.py)."""
     mp_policy = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
+    offload = offload_policy(cpu_offload, mesh.device_type)
     layers = list(model.layers.values())  # type: ignore[operator, union-attr]
     for i, block in enumerate(layers):
         # the last block's weights are needed again at once by backward: keep them gathered
@@ -51,6 +55,9 @@ def apply_fsdp(
                 mp_policy=mp_policy,
                 reshard_after_forward=reshard,
                 shard_placement_fn=lambda _: Shard(1),
+                offload_policy=offload,
             )
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard, offload_policy=offload)
+    fully_shard(
+        model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward, offload_policy=offload
+    )

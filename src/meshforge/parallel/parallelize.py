@@ -99,4 +99,5 @@ def parallelize(
             reduce_dtype=training.mixed_precision_reduce,
             reshard_after_forward=resolve_reshard_after_forward(parallelism.fsdp_reshard_after_forward, dims.pp > 1),
             expert_mesh=expert_mesh,
+            cpu_offload=training.enable_cpu_offload,
         )

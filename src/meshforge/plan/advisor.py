@@ -19,6 +19,8 @@ from meshforge.parallel.expert_rules import check_ep_degrees, check_ep_shape
 from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
+from meshforge.plan.lever_search import fitting_lever
+from meshforge.plan.levers import device_state_numel, effective
 from meshforge.plan.memory import STATE_BYTES, local_param_numel, memory, rank_memory, rank_parts
 from meshforge.plan.prune import needed_estimates
 
@@ -169,35 +171,50 @@ def pipeline_options(layout: Layout) -> Iterator[Layout]:
 def search(
     base: Layout, world: int, hw: HardwareProfile, prune_by: Callable[[Layout], Hashable] | None = None
 ) -> SearchResult:
-    """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory).
+    """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory). A layout
+    that does not fit is retried with the memory levers (plan/lever_search.py): at once without a pipeline; pipeline
+    layouts (whose schedule simulation is most of the search's cost) only when nothing else fits.
     ``prune_by``: rank only those that can be the recommendation or among the two fastest of their group (prune.py:
     the recommendation, each group's best and the runner-up are the full ranking's, the others are not checked)."""
     args = layout_args(base)
     ranked: list[Estimate] = []
     passed: list[Layout] = []
+    deferred: list[Layout] = []
     tried = fitting = pruned = 0
     usable = hw.spec.device_memory_gib(world) - hw.spec.runtime_gib
     too_big: set[tuple[int | str, ...]] = set()
     for layout in candidates(args, base, world, hw):
         tried += 1
         shape = (layout.dp_replicate, layout.dp_shard, layout.cp, layout.tp, layout.pp, layout.ep, layout.schedule)
-        if shape in too_big:  # its model state alone does not fit: no AC mode, microbatch or Float8 changes that
+        if shape in too_big:  # its model state alone does not fit, even with the levers
             continue
         try:
             check_layout(layout, args)
-            if state_gib(args, layout, hw) > usable:
-                too_big.add(shape)
-                continue
+            state_fits = state_gib(args, layout, hw) <= usable
         except ConfigError:
             continue
-        if prune_by is not None:
-            passed.append(layout)
-        elif fits(args, layout, hw, usable):
+        if prune_by is not None and layout.pp > 1 and state_fits:
+            passed.append(layout)  # its memory is checked by needed_estimates if its bound can matter
+            continue
+        admitted = layout if state_fits and fits(args, layout, hw, usable) else None
+        if admitted is None and layout.pp == 1:
+            admitted = fitting_lever(args, layout, hw, usable)
+        if admitted is None:
+            deferred += [layout] if layout.pp > 1 else []
+            too_big |= set() if state_fits else {shape}
+        elif prune_by is not None:
+            passed.append(admitted)
+        else:
             fitting += 1
-            ranked.append(estimate(layout, hw))
+            ranked.append(estimate(admitted, hw))
     if prune_by is not None:
         check = functools.partial(fits, args, hw=hw, usable=usable)
         ranked, fitting, pruned = needed_estimates(passed, hw, prune_by, SIMPLICITY_MARGIN, args, check)
+        deferred += [] if ranked else [layout for layout in passed if layout.pp > 1]
+    if not ranked:
+        rescued_pp = (fitting_lever(args, layout, hw, usable) for layout in deferred)
+        ranked = [estimate(layout, hw) for layout in rescued_pp if layout is not None]
+        fitting += len(ranked)
     ranked = recommendation_order(ranked)
     baseline = None
     if base.world_size == world:
@@ -226,6 +243,7 @@ def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:
     """Rank 0's parameters, gradients and optimizer state with the allocator's share: a lower bound of its peak that
     depends only on the degrees and the schedule's stages."""
     numel = local_param_numel(args, layout, rank_parts(args, layout, 0))
+    numel = device_state_numel(effective(layout, hw), numel)  # CPU offload: on the host
     eff = hw.efficiency
     return numel * sum(STATE_BYTES.values()) * (1 + eff.allocator_overhead) / GIB + eff.framework_gib
 

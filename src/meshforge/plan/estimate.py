@@ -19,7 +19,7 @@ from typing import Any
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs, flops_per_token
 from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
-from meshforge.plan import comm, schedules
+from meshforge.plan import comm, levers, schedules
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, check_layout, layout_args, stage_layer_counts
 from meshforge.plan.memory import (
@@ -407,11 +407,11 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
         "pipeline_bubble": bubble,
     }
     times["optimizer"] = numel * OPTIMIZER_TRAFFIC_PER_PARAM / r.memory * over
+    times |= levers.lever_times(args, layout, hw, r, slowest.parts, numel, compute)  # memory levers
     if args.is_moe:  # token all-to-alls: exposed, none overlapped with compute (meshforge waits on each at once)
         times["exposed_ep_comm"] = moe_estimate(args, layout, layout.ep, hw, MAX_LOAD).all_to_all_seconds
     step = sum(times.values())
     tps = layout.tokens_per_device_step / step
-    spec = hw.spec
     return Estimate(
         layout=layout,
         hardware=hw.name,
@@ -420,8 +420,8 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
         step_time=step,
         tps_per_device=tps,
         mfu_pct=100 * tps * flops_per_token(args, layout.seq_len) / r.nominal_peak,
-        capacity_gib=spec.device_memory_gib(layout.world_size),
-        runtime_gib=spec.runtime_gib,
+        capacity_gib=hw.spec.device_memory_gib(layout.world_size),
+        runtime_gib=hw.spec.runtime_gib,
         warnings=layout_warnings(layout, hw),
     )
 

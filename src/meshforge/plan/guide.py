@@ -105,7 +105,9 @@ def layout_overrides(layout: Layout, model: Sequence[str]) -> list[str]:
         out.append("--quantize.dense.float8.enable")
     if layout.async_tp:
         out.append("--parallelism.enable_async_tensor_parallel")
-    return out
+    out += ["--training.loss_chunks", str(layout.loss_chunks)] if layout.loss_chunks > 1 else []  # memory levers
+    out += ["--activation_checkpoint.offload"] if layout.activation_offload else []
+    return out + (["--training.enable_cpu_offload"] if layout.cpu_offload else [])
 
 
 def _summary(est: Estimate, hw: HardwareProfile, model: Sequence[str]) -> dict[str, Any]:

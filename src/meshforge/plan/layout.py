@@ -63,6 +63,11 @@ class Layout:
     cp_impl: str = "auto"
     threads_per_rank: int = 0
     """CPU ranks: compute threads of each (0 = as many as the hardware probe used)."""
+    loss_chunks: int = 1
+    """Memory levers (plan/levers.py): training.loss_chunks, activation_checkpoint.offload and (below)
+    training.enable_cpu_offload."""
+    activation_offload: bool = False
+    cpu_offload: bool = False
     model: ModelArgs | None = None
     """The shapes when they are not the named flavor's (hf_config or [model] overrides); ``flavor`` is then a label."""
 
@@ -132,6 +137,9 @@ class Layout:
                 ("compile", self.compile),
                 ("Float8", self.float8),
                 ("async TP", self.async_tp and self.tp > 1),
+                (f"chunked loss {self.loss_chunks}", self.loss_chunks > 1),
+                ("activation offload", self.activation_offload),
+                ("CPU offload", self.cpu_offload),
             )
             if on
         ]
@@ -187,6 +195,9 @@ def layout_from_config(
         param_dtype=auto_dtype if cfg.training.mixed_precision_param == "auto" else cfg.training.mixed_precision_param,
         reduce_dtype=cfg.training.mixed_precision_reduce,
         cp_impl=par.context_parallel_impl,
+        loss_chunks=cfg.training.loss_chunks,
+        activation_offload=cfg.activation_checkpoint.offload,
+        cpu_offload=cfg.training.enable_cpu_offload,
         model=None if model_args == get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len) else model_args,
     )
     if layout.world_size != world_size:
@@ -254,6 +265,8 @@ def check_layout(layout: Layout, args: ModelArgs) -> None:
     check_ep_compile(layout.ep, layout.compile)
     if layout.pp > 1:
         check_pipeline(layout, args)
+    if layout.cpu_offload and layout.fsdp_size * layout.dp_replicate == 1:  # training's rule (parallel/cpu_offload.py)
+        raise ConfigError("training.enable_cpu_offload needs FSDP; set data_parallel_shard_degree >= 2")
     if layout.impl not in IMPLEMENTATIONS:
         raise ConfigError(f"--impl {layout.impl!r} is unknown; choose {', '.join(IMPLEMENTATIONS)}")
     if layout.impl == "meshforge":

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from meshforge.model.flavors import ModelArgs
-from meshforge.plan import schedules
+from meshforge.plan import levers, schedules
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import Layout, stage_layer_counts, stages_of_rank
 
@@ -333,6 +333,8 @@ class MemoryBreakdown:
     allocator: float
     framework: float
     rank: int
+    host: float = 0.0
+    """GiB held in host memory instead (FSDP CPU offload's state; not in the peak)."""
 
     @property
     def peak(self) -> float:
@@ -355,7 +357,7 @@ class MemoryBreakdown:
             "communication_buffers": self.comm_buffers,
             "allocator_slack": self.allocator,
             "framework_overhead": self.framework,
-        }
+        } | ({"host_offloaded": self.host} if self.host else {})
 
 
 def memory(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> MemoryBreakdown:
@@ -366,7 +368,10 @@ def memory(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> MemoryBreakd
 
 def rank_memory(args: ModelArgs, layout: Layout, hw: HardwareProfile, rank: int) -> MemoryBreakdown:
     """Peak memory of one pipeline rank."""
+    layout = levers.effective(layout, hw)  # on a CPU profile the device is the host: offloads move nothing
     numel, activations, buffers = rank_allocated(args, layout, rank)
+    host = numel - levers.device_state_numel(layout, numel)  # CPU offload: the fp32 state lives on the host
+    numel -= host
     allocated = numel * sum(STATE_BYTES.values()) + activations + buffers
     eff = hw.efficiency
     return MemoryBreakdown(
@@ -378,6 +383,7 @@ def rank_memory(args: ModelArgs, layout: Layout, hw: HardwareProfile, rank: int)
         allocator=allocated * eff.allocator_overhead / GIB,
         framework=eff.framework_gib,
         rank=rank,
+        host=host * sum(STATE_BYTES.values()) / GIB,
     )
 
 
@@ -394,7 +400,7 @@ def rank_allocated(args: ModelArgs, layout: Layout, rank: int) -> tuple[int, flo
     transient = transient_bytes_per_token(view, layout) * tokens
     per_logit = LOSS_PARALLEL_BYTES_PER_LOGIT if layout.tp > 1 else LOSS_BYTES_PER_LOGIT
     loss = per_logit * tokens * args.vocab_size / layout.tp if parts.head else 0.0
-    activations = saved + max(transient, loss)
+    activations = levers.device_activations(layout, saved, per_layer, transient, loss)
     return numel, activations, comm_buffer_bytes(args, layout, parts, tokens)
 
 

@@ -12,6 +12,7 @@ from meshforge.plan.fit import Fit, MemoryFit
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.interval import Interval, difference_sd, interval, separable
 from meshforge.plan.layout import layout_args
+from meshforge.plan.lever_search import explain
 from meshforge.plan.memory import MAX_LOAD, STATE_BYTES, routed_rank_numel
 
 TIME_LABELS = {
@@ -33,6 +34,9 @@ SHORT = {
     "exposed_ep_comm": "EP comm",
     "pipeline_bubble": "bubble",
     "optimizer": "optimizer",
+    "chunked_loss_recompute": "chunked-loss recompute",
+    "activation_offload_copies": "activation offload",
+    "cpu_offload_copies": "CPU offload copies",
 }
 
 
@@ -150,7 +154,8 @@ def why(winner: Estimate, other: Estimate) -> str:
     rel = other.tps_per_device / winner.tps_per_device - 1
     w_tok, o_tok = winner.layout.tokens_per_device_step, other.layout.tokens_per_device_step
     floor = 0.01 * winner.step_time / w_tok  # ignore parts that move by less than 1 % of the winner's time per token
-    deltas = {k: d for k in winner.time if abs(d := other.time[k] / o_tok - winner.time[k] / w_tok) >= floor}
+    keys = winner.time.keys() | other.time.keys()  # the memory levers add their own parts
+    deltas = {k: d for k in keys if abs(d := other.time.get(k, 0.0) / o_tok - winner.time.get(k, 0.0) / w_tok) >= floor}
     costs = ", ".join(
         f"{SHORT[k]} +{d * 1e3:.3g}" for d, k in sorted(((d, k) for k, d in deltas.items()), reverse=True)[:2] if d > 0
     )
@@ -191,6 +196,7 @@ def format_search(result: SearchResult, hw: HardwareProfile) -> str:
         lines.append(_row("runner-up", result.ranked[1], hw))
     if result.baseline is not None:
         lines.append(_row("your config", result.baseline, hw))
+    lines += [line for line in [explain(best, hw, layout_args(lay))] if line]  # memory levers (plan/levers.py)
     lines += ["", separation(result, hw)]
     lines += [f"not searched: {feature}: {reason}" for feature, reason in result.excluded]
     lines += ["", "why this TP degree (best fitting layout per TP degree):"]
@@ -224,6 +230,7 @@ def search_json(result: SearchResult, hw: HardwareProfile) -> dict[str, Any]:
         result.baseline.to_dict() | interval(result.baseline, hw).as_dict() if result.baseline else None
     )
     out["not_searched"] = [{"feature": f, "reason": r} for f, r in result.excluded]
+    out["lever"] = explain(result.best, hw, layout_args(result.best.layout)) or None
     out["layouts_tried"], out["layouts_fitting"] = result.tried, len(result.ranked)
     out["best_per_tp"] = [_brief(e) for e in _sorted(result, "tp")]
     out["best_per_schedule"] = [_brief(e) for e in _sorted(result, "schedule")]

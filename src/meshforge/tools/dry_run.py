@@ -47,6 +47,7 @@ from meshforge.model.hf_config import model_label
 from meshforge.model.llama import build_model, canonical_name, check_trainable
 from meshforge.observability.metrics import logging_ranks
 from meshforge.observability.profiling import check_window
+from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import AXES, ParallelDims
 from meshforge.parallel.parallelize import parallelize
 
@@ -122,13 +123,11 @@ def model_args(cfg: JobConfig, notes: list[str]) -> ModelArgs:
 
 
 def check_features(cfg: JobConfig, dims: ParallelDims, target: str, notes: list[str], args: ModelArgs) -> None:
-    """ParallelDims.validate_features for the target device (every composability column of the job, and training's
-    chunked-loss check); GPU-only checks become notes."""
-    from meshforge.model.chunked_loss import check_loss_chunks
+    """ParallelDims.validate_features for the target device (every composability column of the job); GPU-only checks
+    become notes."""
     from meshforge.parallel.composability import job_features
     from meshforge.parallel.float8 import resolve_emulation
 
-    check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
     float8, how = resolve_emulation(cfg.quantize.dense.float8, torch.device(target))
     if how:
         notes.append(f"{how} on the {target} target")
@@ -267,6 +266,7 @@ def plan(cfg: JobConfig, world_size: int) -> DryRun:
     args = model_args(cfg, notes)
     dims.validate_model(args, cfg.training.seq_len)
     check_trainable(args, dims.pp)  # tied embeddings across pipeline stages are refused as training refuses them
+    check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
     check_features(cfg, dims, target, notes, args)
     with fake_world(world_size):
         mesh = dims.build_mesh("cpu")  # meta tensors need a mesh of a type this torch can shard for

@@ -37,10 +37,10 @@ from torch import nn
 
 from meshforge.config.schema import JobConfig
 from meshforge.errors import ConfigError
-from meshforge.model.chunked_loss import check_loss_chunks
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.llama import build_model
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
+from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.parallelize import parallelize
 from meshforge.parallel.tensor_parallel import loss_parallel_context
@@ -65,6 +65,9 @@ CATEGORIES = {
     "Other": "temporaries",
 }
 FULL_RUN_LAYERS = 4  # models with at most this many blocks run whole
+# under FSDP CPU offload (training.enable_cpu_offload) these torch categories live on the host, not the device
+HOST_UNDER_OFFLOAD = {"Sharded Param", "Sharded Grad", "OptState", "Optstate"}
+HOST = "host_"  # prefix of our categories held on the host: not in the device peak
 
 
 @dataclass
@@ -78,13 +81,23 @@ class MemoryRun:
 
     @property
     def peak_bytes(self) -> int:
-        return sum(self.by_category.values())
+        """The device peak (host-held categories under CPU offload excluded)."""
+        return sum(v for k, v in self.by_category.items() if not k.startswith(HOST))
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes FSDP CPU offload keeps on the host (0 without it)."""
+        return sum(v for k, v in self.by_category.items() if k.startswith(HOST))
 
     def record(self) -> dict[str, Any]:
-        """The --json record: ``peak_gib`` and ``by_category`` in GiB."""
+        """The --json record: ``peak_gib`` and ``by_category`` in GiB (device); under CPU offload also the bytes
+        moved to the host (``host_gib``, ``host_by_category``)."""
+        gib = {k: round(v / GIB, 3) for k, v in sorted(self.by_category.items())}
+        host = {k.removeprefix(HOST): v for k, v in gib.items() if k.startswith(HOST)}
         return {
             "peak_gib": round(self.peak_bytes / GIB, 3),
-            "by_category": {k: round(v / GIB, 3) for k, v in sorted(self.by_category.items())},
+            "by_category": {k: v for k, v in gib.items() if not k.startswith(HOST)},
+            **({"host_gib": round(self.host_bytes / GIB, 3), "host_by_category": host} if host else {}),
             "layers": self.layers,
             "probe_layers": list(self.probes),
             "scaling": self.scaling(),
@@ -105,16 +118,35 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
-def categorize(snapshot: dict[Any, int]) -> dict[str, int]:
-    """A tracker snapshot of one device -> bytes per our category (the total key dropped)."""
+def categorize(snapshot: dict[Any, int], host: frozenset[str] = frozenset()) -> dict[str, int]:
+    """A tracker snapshot of one device -> bytes per our category (the total key dropped); torch categories in
+    ``host`` get the ``host_`` prefix."""
     out: dict[str, int] = {}
     for key, value in snapshot.items():
         name = getattr(key, "value", key)
         if name == "Total":
             continue
-        category = CATEGORIES[name]
+        category = HOST * (name in host) + CATEGORIES[name]
         out[category] = out.get(category, 0) + value
     return out
+
+
+def track_device_peak(tracker: Any, host: frozenset[str]) -> dict[str, Any]:
+    """Make ``tracker`` also record the snapshot at the largest total *without* the ``host`` categories (the device
+    peak under CPU offload, which need not be the instant of the largest total: gradient shards keep arriving on the
+    host during backward). Wraps the tracker's per-operator peak update (a private method of torch's tracker)."""
+    best: dict[str, Any] = {"bytes": -1, "snapshot": {}}
+    update = tracker._update_peak_stats
+
+    def update_and_track(peak_state: Any) -> None:
+        for snapshot in tracker._curr_mem_snap.values():
+            on_device = sum(v for k, v in snapshot.items() if getattr(k, "value", k) not in host | {"Total"})
+            if on_device > best["bytes"]:
+                best.update(bytes=on_device, snapshot=dict(snapshot))
+        update(peak_state)
+
+    tracker._update_peak_stats = update_and_track
+    return best
 
 
 def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
@@ -212,11 +244,17 @@ def tracked_steps(
     tracker = build_tracker(model, optimizer)
     if hasattr(tracker, "track_inputs"):  # FSDPMemTracker; MemTracker counts them as "Other" when first seen
         tracker.track_inputs((inputs, labels))
+    host = frozenset(HOST_UNDER_OFFLOAD if cfg.training.enable_cpu_offload else ())
+    device_peak = track_device_peak(tracker, host)
     with tracker:
         forward_backward()
+        after = tracker.get_tracker_snapshot()  # the host side once every gradient shard arrived
     snapshot = tracker.get_tracker_snapshot("peak")
     assert len(snapshot) == 1, f"one device expected, tracker saw {list(snapshot)}"
-    return categorize(next(iter(snapshot.values())))
+    if not host:
+        return categorize(next(iter(snapshot.values())))
+    on_device = {k: v for k, v in categorize(device_peak["snapshot"], host).items() if not k.startswith(HOST)}
+    return on_device | {k: v for k, v in categorize(next(iter(after.values())), host).items() if k.startswith(HOST)}
 
 
 def probe_layers(n_layers: int) -> tuple[int, ...]:
@@ -243,7 +281,7 @@ def memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelD
             f"--dry-run --memory: pipeline_parallel_degree = {dims.pp} is not covered by the fake-tensor step yet "
             "(the schedule's in-flight micro-batches); run it with pipeline_parallel_degree 1 or use `meshforge plan`"
         )
-    check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
+    check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
     probes = probe_layers(args.n_layers)
     peaks = []
     for n in probes:
@@ -288,5 +326,7 @@ def format_memory(run: MemoryRun) -> str:
     for key, value in sorted(run.by_category.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {key:<22} {value / GIB:>8.2f} GiB")
     lines.append(f"  {'peak':<22} {run.peak_bytes / GIB:>8.2f} GiB (tensors only: no CUDA context, NCCL, rounding)")
+    if run.host_bytes:
+        lines.append(f"  {'on the host':<22} {run.host_bytes / GIB:>8.2f} GiB (FSDP CPU offload: off the device)")
     lines += [f"note: {n}" for n in run.notes]
     return "\n".join(lines)

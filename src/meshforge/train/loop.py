@@ -29,7 +29,6 @@ from meshforge.device.dtypes import DTYPES
 from meshforge.device.peak import device_peak_flops
 from meshforge.device.precision import resolve_param_dtype
 from meshforge.device.transfer import to_device
-from meshforge.model.chunked_loss import check_loss_chunks
 from meshforge.model.flavors import ModelArgs, flops_per_token, model_args_for
 from meshforge.model.llama import build_model, check_trainable
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
@@ -40,6 +39,7 @@ from meshforge.observability.straggler import StragglerDetector
 from meshforge.parallel.activation_offload import offload_context
 from meshforge.parallel.composability import job_features
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
+from meshforge.parallel.cpu_offload import banner, check_cpu_offload, materialize
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales, resolve_emulation
@@ -87,7 +87,7 @@ class TrainState:
 def setup(cfg: JobConfig) -> TrainState:
     """Everything a run needs, built in the one direction data flows."""
     check_writable(Path(cfg.job.dump_folder), "job.dump_folder")
-    ctx = init_distributed(cfg.training.device, cfg.comm.init_timeout_seconds)
+    ctx = init_distributed(cfg.training.device, cfg.comm.init_timeout_seconds, cfg.training.enable_cpu_offload)
     cfg, precision = with_param_dtype(cfg, ctx.device)
     if cfg.training.deterministic:
         enable_determinism(ctx.device)
@@ -97,7 +97,7 @@ def setup(cfg: JobConfig) -> TrainState:
     model_args = model_args_for(cfg, tokenizer.vocab_size)
     dims.validate_model(model_args, cfg.training.seq_len)
     check_trainable(model_args, dims.pp)
-    check_loss_chunks(cfg.training.loss_chunks, tp=dims.tp, pp=dims.pp)
+    check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
     dims.validate_features(
         cfg.parallelism,
         device=ctx.device,
@@ -215,7 +215,7 @@ def build_model_parts(
         )
         return pipeline.model_parts, pipeline
     parallelize_part(model)
-    model.to_empty(device=ctx.device)
+    materialize(model, ctx.device, cpu_offload=cfg.training.enable_cpu_offload)
     model.init_weights(cfg.training.seed)
     model.train()
     return [model], None
@@ -405,6 +405,8 @@ def run_job(state: TrainState) -> list[dict[str, Any]]:
             f"{peak} ({state.metrics.peak_source}), compute dtype {state.precision}",
             flush=True,
         )
+        if offload := banner(cfg.training.enable_cpu_offload, state.ctx.device):
+            print(f"meshforge: {offload}", flush=True)
     if cfg.checkpoint.create_seed_checkpoint:
         assert state.checkpointer is not None
         # step-0: initial weights any layout can load

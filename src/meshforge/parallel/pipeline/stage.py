@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,7 @@ from torch.distributed.tensor import DTensor
 from meshforge.config.schema import ActivationCheckpoint, Parallelism, Training
 from meshforge.errors import ConfigError
 from meshforge.model.llama import Transformer
+from meshforge.parallel.cpu_offload import materialize
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.pipeline.bubble import (
     BusyClock,
@@ -77,6 +79,13 @@ class Pipeline:
     loss: ScaledLoss
     clock: BusyClock
     theory_idle: float
+    labels_in_forward: bool = False  # chunked loss: the last stage's forward returns the loss (model/chunked_loss.py)
+
+    def stage_kwargs(self, labels: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
+        """The keywords every stage's forward gets, split into microbatches with the batch: positions (batch, seq),
+        and under the chunked loss the labels (only the last stage, which holds the output projection, reads them)."""
+        out = {"positions": positions.expand(labels.shape[0], -1)}
+        return out | ({"labels": labels} if self.labels_in_forward else {})
 
     @property
     def model_parts(self) -> list[nn.Module]:
@@ -99,7 +108,7 @@ class Pipeline:
         (batch, seq) keyword, split into microbatches with the batch: a later stage cannot read the sequence length
         from its input, which sequence parallel leaves sharded. Returns the mean loss of the batch (unscaled,
         detached) on every pipeline rank."""
-        batch, seq = inputs.shape
+        seq = inputs.shape[1]
         if positions is None:
             positions = torch.arange(seq, device=inputs.device)
         self.loss.scale = scale / self.n_microbatches
@@ -108,7 +117,7 @@ class Pipeline:
         target = labels if self.has_last else None
         with self.clock.step():
             self.schedule.step(
-                *args, target=target, losses=losses, return_outputs=False, positions=positions.expand(batch, -1)
+                *args, target=target, losses=losses, return_outputs=False, **self.stage_kwargs(labels, positions)
             )
         total = torch.zeros((), dtype=torch.float32, device=inputs.device)
         if self.has_last:
@@ -132,7 +141,7 @@ class Pipeline:
                 part.zero_grad(set_to_none=True)
             self.clock.busy_s, self.clock.step_s, self.clock._events = saved_clock
             return total
-        batch, seq = inputs.shape
+        seq = inputs.shape[1]
         if positions is None:
             positions = torch.arange(seq, device=inputs.device)
         self.loss.scale = 1.0 / self.n_microbatches
@@ -140,7 +149,7 @@ class Pipeline:
         args = (inputs,) if self.has_first else ()
         saved = (self.clock.busy_s, self.clock.step_s, list(self.clock._events))
         self.schedule.eval(
-            *args, target=labels if self.has_last else None, losses=losses, positions=positions.expand(batch, -1)
+            *args, target=labels if self.has_last else None, losses=losses, **self.stage_kwargs(labels, positions)
         )
         self.clock.busy_s, self.clock.step_s, self.clock._events = saved
         total = torch.zeros((), dtype=torch.float32, device=inputs.device)
@@ -263,13 +272,20 @@ def build_pipeline(
     for index in sorted(s for s, r in ranks.items() if r == pp_rank):
         part = prune_to_stage(model, modules[index])
         parallelize_part(part)
-        part.to_empty(device=device)
+        materialize(part, device, cpu_offload=training.enable_cpu_offload)
         part.init_weights(training.seed)
         part.train()
         stages.append(TimedPipelineStage(part, index, len(modules), device, group=pp_group, clock=clock))
-    loss = ScaledLoss(loss_fn, clock)
+    chunked = training.loss_chunks > 1  # the last stage's forward computes the loss from the labels keyword
+    loss = ScaledLoss(loss_from_forward if chunked else loss_fn, clock)
     schedule = build_schedule(spec, stages, n_micro, loss)
-    return Pipeline(spec, schedule, stages, pp_group, n_micro, loss, clock, theory_idle(schedule, dims.pp, n_micro))
+    idle = theory_idle(schedule, dims.pp, n_micro)
+    return Pipeline(spec, schedule, stages, pp_group, n_micro, loss, clock, idle, labels_in_forward=chunked)
+
+
+def loss_from_forward(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The schedule's loss under the chunked loss: the last stage's output already is the microbatch's mean loss."""
+    return output
 
 
 def theory_idle(schedule: _PipelineSchedule, pp: int, n_microbatches: int) -> float:
