@@ -9,12 +9,8 @@ import math
 from meshforge.model.flavors import get_flavor
 from meshforge.plan import schedules
 from meshforge.plan.layout import Layout
-from meshforge.plan.memory import (
-    rank_allocated,
-    rank_parts,
-    saved_bytes_per_token,
-    transient_bytes_per_token,
-)
+from meshforge.plan.memory import rank_parts, saved_bytes_per_token, transient_bytes_per_token
+from meshforge.plan.peak import rank_allocated
 
 
 def test_interleaved_activations_are_in_flight_times_layers_over_v() -> None:
@@ -37,7 +33,7 @@ def test_interleaved_activations_are_in_flight_times_layers_over_v() -> None:
     in_flight = schedules.in_flight(layout, rank)
     assert in_flight == (v - 1) * p + 2 * (p - 1 - rank) + 1  # the documented count for m a multiple of p
     per_layer = saved_bytes_per_token(args, layout) * seq  # one microbatch of one sequence
-    _, activations, _ = rank_allocated(args, layout, rank)
+    activations = rank_allocated(args, layout, rank).activations
     saved = activations - transient_bytes_per_token(args, layout) * seq  # no head here: no loss term
     expected = in_flight * parts.layers / v * per_layer
     assert math.isclose(saved, expected, rel_tol=1e-9), (

@@ -18,7 +18,8 @@ from meshforge.parallel.expert_rules import check_ep_degrees, check_ep_shape
 from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
-from meshforge.plan.memory import STATE_BYTES, local_param_numel, memory, rank_memory, rank_parts
+from meshforge.plan.memory import STATE_BYTES, local_param_numel, rank_parts
+from meshforge.plan.peak import memory, rank_memory
 
 SEARCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 AC_MODES = ("none", "selective", "full")
@@ -201,11 +202,12 @@ def search(base: Layout, world: int, hw: HardwareProfile) -> SearchResult:
 
 
 def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:
-    """Rank 0's parameters, gradients and optimizer state with the allocator's share: a lower bound of its peak that
-    depends only on the degrees and the schedule's stages."""
+    """Rank 0's parameters and optimizer state with the allocator's share: a lower bound of its peak (every peak of
+    plan/peak.py holds them; the gradients only some) that depends only on the degrees and the schedule's stages."""
     numel = local_param_numel(args, layout, rank_parts(args, layout, 0))
     eff = hw.efficiency
-    return numel * sum(STATE_BYTES.values()) * (1 + eff.allocator_overhead) / GIB + eff.framework_gib
+    resident = STATE_BYTES["params"] + STATE_BYTES["optimizer"]
+    return numel * resident * (1 + eff.allocator_overhead) / GIB + eff.framework_gib
 
 
 def complexity(layout: Layout) -> int:

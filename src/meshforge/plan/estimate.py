@@ -25,7 +25,6 @@ from meshforge.plan.layout import Layout, check_layout, layout_args, stage_layer
 from meshforge.plan.memory import (
     DTYPE_BYTES,
     MAX_LOAD,
-    MemoryBreakdown,
     RankParts,
     block_modes,
     blocks_numel,
@@ -33,12 +32,12 @@ from meshforge.plan.memory import (
     gathered_layer_bytes,
     linear_numel,
     local_param_numel,
-    memory,
     part_numel,
     rank_parts,
     routed_width_per_token,
 )
 from meshforge.plan.moe import moe_estimate
+from meshforge.plan.peak import MemoryBreakdown, memory
 
 ATTENTION_BWD_FACTOR = 2.5
 """Flash-attention backward FLOPs over forward: it recomputes the scores (5 matmuls against 2)."""

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PREDICTION_SOURCES = (
     "plan/estimate.py",
     "plan/memory.py",
+    "plan/peak.py",
     "plan/comm.py",
     "plan/schedules.py",
     "plan/moe.py",
