@@ -199,7 +199,8 @@ def cp_layer_comm(
     if layout.cp == 1:
         return 0.0
     e = DTYPE_BYTES[layout.param_dtype]
-    kv_bytes = tokens * 2 * args.n_heads / layout.tp * args.head_dim * e * layout.cp  # repeated K/V, whole sequence
+    heads = args.kv_heads if layout.cp_gathers_gqa_kv else args.n_heads  # K/V before / after their repeat
+    kv_bytes = tokens * 2 * heads / layout.tp * args.head_dim * e * layout.cp  # the whole sequence
     one = comm.all_gather(kv_bytes, layout.cp, comm.axis_link(layout, ("cp",), hw))
     hidden = attn / layout.cp if hw.spec.comm_overlaps_compute else 0.0
     forward = exposed(one, hidden)

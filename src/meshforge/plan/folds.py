@@ -38,6 +38,7 @@ PREDICTION_SOURCES = (
     "plan/validate.py",
     "plan/folds.py",
     "plan/published.py",
+    "plan/sources.py",
     "parallel/pipeline/simulator.py",
     "parallel/pipeline/catalog.py",
     "parallel/pipeline/split.py",

@@ -30,6 +30,10 @@ LOSS_BYTES_PER_LOGIT = 12
 LOSS_PARALLEL_BYTES_PER_LOGIT = 16
 """Vocab-parallel cross-entropy (torch loss_parallel, decomposed into DTensor ops): five live fp32 temporaries at the
 backward's peak (saved output, incoming gradient, exp(output), its product with the sum, the result)."""
+COMPILED_LOSS_BYTES_PER_LOGIT = 4
+"""torch.compile'd cross-entropy on .float() logits (one fused kernel each way): the bf16 logits it saves and their
+bf16 gradient; the fp32 copies are never materialised (an assumption from inductor's fusion, not traced: the exact
+step runs eager)."""
 NORM_EAGER_BYTES = 8
 """Eager RMSNorm saves two fp32 copies of its input (x.float() twice) per hidden element."""
 MAX_LOAD = 1.25

@@ -31,6 +31,7 @@ from meshforge.plan import schedules
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import Layout
 from meshforge.plan.memory import (
+    COMPILED_LOSS_BYTES_PER_LOGIT,
     DTYPE_BYTES,
     LOSS_BYTES_PER_LOGIT,
     LOSS_PARALLEL_BYTES_PER_LOGIT,
@@ -158,6 +159,8 @@ def loss_bytes(args: ModelArgs, layout: Layout, tokens: float) -> float:
     norm = 2 * e if layout.compile else e + NORM_EAGER_BYTES  # compiled norm: its input and output (assumed)
     head = tokens * d * (norm / tp + e)
     per_logit = LOSS_PARALLEL_BYTES_PER_LOGIT if tp > 1 else LOSS_BYTES_PER_LOGIT
+    if layout.compiled_loss and tp == 1:  # under loss parallel: DTensor's decomposition, kept (not measured)
+        per_logit = COMPILED_LOSS_BYTES_PER_LOGIT
     return head + per_logit * tokens * args.vocab_size / tp
 
 

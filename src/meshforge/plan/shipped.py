@@ -28,7 +28,7 @@ FAMILIES: dict[str, dict[str, float]] = {
     "h200": {"factor": 1.2315, "tps_log_sd": 0.0889, "memory_log_sd": 0.3021},
 }
 """name -> its speed factor and spreads (two rows each: at least the pooled spreads, loo_report.MIN_FAMILY_ROWS)."""
-UNSEEN_PRESETS = ("b200",)
+UNSEEN_PRESETS = ("gb200",)
 """GPU presets no published row measured."""
 UNSEEN: dict[str, float] = {"tps_log_sd": 0.2655, "memory_log_sd": 0.3125}
 """The spreads of a GPU generation no row measured: the reference's with validate.FAMILY_PRIOR_SD added."""

@@ -6,9 +6,10 @@ modelled instead, stated in every record: the rank's blocks in one module (prune
 prunes a stage: the embedding only on the first rank, norm + output + loss only on the last), parallelized as
 training does on one pipeline rank's sub-mesh (FSDP with resharding off, as under PP), fed one microbatch
 (``pipeline_parallel_microbatch_size`` sequences) at a time. The tracked window is the schedule's peak: as many
-forwards held as the rank has stage-microbatches in flight (plan/schedules.in_flight, counted in the schedule's own
-order by parallel/pipeline/simulator.py; divided by the rank's stages per rank for an interleaved schedule, whose
-forwards each run one stage's blocks while this module runs all of the rank's), then the first one's backward. One
+forwards held as the rank has stage-microbatches in flight (counted in the schedule's own order by
+parallel/pipeline/simulator.py, as plan/schedules.py counts them; divided by the rank's stages for an interleaved
+schedule, whose forwards each run one stage's blocks while this module runs all the rank's), then the first one's
+backward. One
 untracked microbatch before it runs forward + backward without gradient sync, so the unsharded gradients accumulate
 as in the schedule's steady state (FSDP neither syncs nor reshards between microbatches under PP). The first and the
 last pipeline ranks are traced (embedding vs output and loss); the record is the busier one's, the other in a note.
@@ -52,20 +53,25 @@ class StagePlan:
     forwards: int
 
 
-def stage_plans(cfg: JobConfig, world_size: int, args: ModelArgs) -> list[StagePlan]:
-    """The first and last pipeline ranks' stages (plan/layout.py splits them as training does)."""
-    from meshforge.plan import schedules
-    from meshforge.plan.layout import layout_from_config, stage_layer_counts, stages_of_rank
+def stage_plans(cfg: JobConfig, args: ModelArgs) -> list[StagePlan]:
+    """The first and last pipeline ranks' stages, split as training splits them (parallel/pipeline/split.py)."""
+    from meshforge.parallel.pipeline import catalog, simulator, split
 
-    layout = layout_from_config(cfg, world_size)
-    counts = stage_layer_counts(args.n_layers, layout)
+    par = cfg.parallelism
+    pp = par.pipeline_parallel_degree
+    schedule = catalog.canonical_schedule(par.pipeline_parallel_schedule) or par.pipeline_parallel_schedule
+    style = catalog.SCHEDULE_STYLES[schedule][0]
+    num_stages = split.num_stages_for(par, args.n_layers, pp, style)
+    modules = split.stage_modules(par, args.n_layers, num_stages)
+    m = cfg.training.local_batch_size // par.pipeline_parallel_microbatch_size
+    shape = simulator.Shape(schedule, pp, m, num_stages // pp)
     plans = []
-    for rank in sorted({0, layout.pp - 1}):
-        stages = stages_of_rank(layout, rank)
-        in_flight = schedules.in_flight(layout, rank)
+    for rank in sorted({0, pp - 1}):
+        stages = catalog.stages_of_rank(schedule, pp, num_stages // pp, rank)
+        in_flight = simulator.in_flight(shape, rank)
+        layers = sum(sum(n.startswith("layers.") for n in modules[s]) for s in stages)
         forwards = max(1, round(in_flight / len(stages)))
-        layers = sum(counts[s] for s in stages)
-        plans.append(StagePlan(rank, layers, 0 in stages, len(counts) - 1 in stages, in_flight, forwards))
+        plans.append(StagePlan(rank, layers, 0 in stages, num_stages - 1 in stages, in_flight, forwards))
     return plans
 
 
@@ -85,7 +91,7 @@ def pp_memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: Parall
     stage_world = world_size // dims.pp
     stage_dims = ParallelDims.from_config(stage_cfg.parallelism, stage_world)
     runs = []
-    for plan in stage_plans(cfg, world_size, args):
+    for plan in stage_plans(cfg, args):
         probes = probe_layers(plan.layers)
         peaks = []
         for n in probes:
