@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshforge.config.schema import JobConfig
-from meshforge.errors import ConfigError
 from meshforge.model.chunked_loss import check_loss_chunks
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.llama import build_model
