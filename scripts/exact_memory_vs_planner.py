@@ -1,52 +1,39 @@
-"""The planner's hardware-free memory terms beside the exact fake-tensor peak (tools/memory_run.py) for the published
-8B FSDP 8 and 70B FSDP 32 x TP 8 rows (docs/planner.md, "Exact memory"). Usage:
+"""The planner's memory terms beside the exact fake-tensor peak, per category, for every published layout the exact
+step traces (docs/planner.md, "Exact memory"). Usage:
 
-    PYTHONPATH=src python scripts/exact_memory_vs_planner.py
+    PYTHONPATH=src python scripts/exact_memory_vs_planner.py [tests/fixtures/exact_memory.json]
 
-The planner's figure here is plan/memory.py's ``rank_allocated`` (parameters + gradients + optimizer states at
-STATE_BYTES, activations, communication buffers): what a device allocates, before the fitted allocator slack and
-framework overhead; the exact figure is the tracked tensor peak of the same config run eager in bf16."""
+The exact figures are the fixture scripts/exact_memory_fixture.py writes (tools/memory_run.py on each layout, eager
+bf16); the planner's are plan/peak.py's ``rank_allocated`` on the same eager layout: what a device allocates, before
+the fitted allocator slack. Prints a markdown table (GiB, planner / exact)."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
-from meshforge.config.io import load_config
-from meshforge.model.hf_config import resolve_model_args
-from meshforge.plan.layout import layout_from_config
-from meshforge.plan.memory import STATE_BYTES, rank_allocated
-from meshforge.plan.published import run as published_run
-from meshforge.tools.memory_cli import exact_memory
+from meshforge.plan.exact import CATEGORY_GROUPS, exact_groups, planner_groups
 
 GIB = 2**30
-ROWS = ("table1.fsdp", "table2.2d")
 
 
-def compare(key: str) -> dict[str, object]:
-    row = published_run(key)
-    cfg = load_config(None, list(row.overrides))
-    _, exact = exact_memory(cfg, row.world_size)
-    args = resolve_model_args(cfg.model, cfg.training.seq_len)
-    numel, activations, buffers = rank_allocated(args, layout_from_config(cfg, row.world_size), 0)
-    states = numel * sum(STATE_BYTES.values())
-    by = exact.by_category
-    exact_states = sum(by.get(k, 0) for k in ("parameters", "gradients", "optimizer"))
-    exact_act = sum(v for k, v in by.items() if k.startswith("activations") or k == "temporaries")
-    exact_buf = sum(
-        by.get(k, 0) for k in ("parameters_unsharded", "gradients_unsharded", "all_gather", "reduce_scatter")
-    )
-    return {
-        "row": key,
-        "published_peak_gib": row.memory_gib,
-        "exact_peak_gib": round(exact.peak_bytes / GIB, 2),
-        "planner_allocated_gib": round((states + activations + buffers) / GIB, 2),
-        "states_gib (planner, exact at peak)": (round(states / GIB, 2), round(exact_states / GIB, 2)),
-        "activations_gib (planner, exact incl. temporaries)": (round(activations / GIB, 2), round(exact_act / GIB, 2)),
-        "buffers_gib (planner, exact)": (round(buffers / GIB, 2), round(exact_buf / GIB, 2)),
-        "exact_notes": exact.notes,
-    }
+def table(path: Path) -> list[str]:
+    names = list(CATEGORY_GROUPS)
+    lines = [
+        "| rows | world | exact peak | planner | error | " + " | ".join(names) + " |",
+        "|---|---:|---:|---:|---:|" + "---:|" * len(names),
+    ]
+    for layout in json.loads(path.read_text())["layouts"]:
+        exact = exact_groups(layout["by_category"])
+        planner = planner_groups(layout["overrides"], layout["world_size"])
+        pe, pp = sum(exact.values()), sum(planner.values())
+        cells = " | ".join(f"{planner[k] / GIB:.2f} / {exact[k] / GIB:.2f}" for k in names)
+        rows = ", ".join(layout["rows"])
+        head = f"| {rows} | {layout['world_size']} | {pe / GIB:.2f} | {pp / GIB:.2f} | {100 * (pp / pe - 1):+.1f} %"
+        lines.append(f"{head} | {cells} |")
+    return lines
 
 
 if __name__ == "__main__":
-    for key in ROWS:
-        print(json.dumps(compare(key)))
+    print("\n".join(table(Path(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/exact_memory.json"))))

@@ -47,7 +47,7 @@ def test_published_rows_are_defined_once() -> None:
     keys = [r.key for r in published.RUNS]
     assert len(keys) == len(set(keys))
     assert all(r.source in published.SOURCES for r in published.RUNS)
-    assert all(r.hardware in ("h100", "h100-96gb", "h200", "a100") for r in published.RUNS)
+    assert all(r.hardware in ("h100", "h100-96gb", "h200", "a100", "b200") for r in published.RUNS)
     assert list(FIGURES) == [r.key for r in published.article_runs()]
     fig = FIGURES["table3.interleaved_1f1b"]
     assert (fig.dp_shard, fig.tp, fig.pp, fig.tps_per_gpu, fig.memory_gib) == (8, 8, 8, 128, 72.7)

@@ -14,7 +14,7 @@ from meshforge.plan.estimate import estimate
 from meshforge.plan.hardware import GIB, load_hardware
 from meshforge.plan.layout import Layout, layout_args, layout_from_config
 from meshforge.plan.lever_search import explain
-from meshforge.plan.memory import memory
+from meshforge.plan.peak import memory
 
 EIGHT_B = ["--training.seq_len", "8192", "--training.local_batch_size", "2"]
 

@@ -14,7 +14,8 @@ from meshforge.plan import advisor
 from meshforge.plan.estimate import estimate
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.layout import Layout, layout_args, layout_from_config
-from meshforge.plan.memory import compute_view, local_param_numel, memory, rank_parts, routed_rank_numel
+from meshforge.plan.memory import compute_view, local_param_numel, rank_parts, routed_rank_numel
+from meshforge.plan.peak import memory
 from meshforge.tools.dry_run import plan as dry_run
 
 H100 = load_hardware("h100")

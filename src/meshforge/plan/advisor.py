@@ -21,7 +21,8 @@ from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
 from meshforge.plan.lever_search import fitting_lever
 from meshforge.plan.levers import device_state_numel, effective
-from meshforge.plan.memory import STATE_BYTES, local_param_numel, memory, rank_memory, rank_parts
+from meshforge.plan.memory import STATE_BYTES, local_param_numel, rank_parts
+from meshforge.plan.peak import memory, rank_memory
 from meshforge.plan.prune import needed_estimates
 
 SEARCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
@@ -240,12 +241,13 @@ def fits(args: ModelArgs, layout: Layout, hw: HardwareProfile, usable: float) ->
 
 
 def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:
-    """Rank 0's parameters, gradients and optimizer state with the allocator's share: a lower bound of its peak that
-    depends only on the degrees and the schedule's stages."""
+    """Rank 0's parameters and optimizer state with the allocator's share: a lower bound of its peak (every peak of
+    plan/peak.py holds them; the gradients only some) that depends only on the degrees and the schedule's stages."""
     numel = local_param_numel(args, layout, rank_parts(args, layout, 0))
     numel = device_state_numel(effective(layout, hw), numel)  # CPU offload: on the host
     eff = hw.efficiency
-    return numel * sum(STATE_BYTES.values()) * (1 + eff.allocator_overhead) / GIB + eff.framework_gib
+    resident = STATE_BYTES["params"] + STATE_BYTES["optimizer"]
+    return numel * resident * (1 + eff.allocator_overhead) / GIB + eff.framework_gib
 
 
 def complexity(layout: Layout) -> int:

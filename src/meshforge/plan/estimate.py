@@ -25,7 +25,6 @@ from meshforge.plan.layout import Layout, check_layout, layout_args, stage_layer
 from meshforge.plan.memory import (
     DTYPE_BYTES,
     MAX_LOAD,
-    MemoryBreakdown,
     RankParts,
     block_modes,
     blocks_numel,
@@ -33,12 +32,12 @@ from meshforge.plan.memory import (
     gathered_layer_bytes,
     linear_numel,
     local_param_numel,
-    memory,
     part_numel,
     rank_parts,
     routed_width_per_token,
 )
 from meshforge.plan.moe import moe_estimate
+from meshforge.plan.peak import MemoryBreakdown, memory
 
 ATTENTION_BWD_FACTOR = 2.5
 """Flash-attention backward FLOPs over forward: it recomputes the scores (5 matmuls against 2)."""
@@ -200,7 +199,8 @@ def cp_layer_comm(
     if layout.cp == 1:
         return 0.0
     e = DTYPE_BYTES[layout.param_dtype]
-    kv_bytes = tokens * 2 * args.n_heads / layout.tp * args.head_dim * e * layout.cp  # repeated K/V, whole sequence
+    heads = args.kv_heads if layout.cp_gathers_gqa_kv else args.n_heads  # K/V before / after their repeat
+    kv_bytes = tokens * 2 * heads / layout.tp * args.head_dim * e * layout.cp  # the whole sequence
     one = comm.all_gather(kv_bytes, layout.cp, comm.axis_link(layout, ("cp",), hw))
     hidden = attn / layout.cp if hw.spec.comm_overlaps_compute else 0.0
     forward = exposed(one, hidden)

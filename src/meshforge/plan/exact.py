@@ -100,3 +100,41 @@ def _main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_main(sys.argv[1:]))
+
+
+# --- per-category peak: the planner beside the exact fake-tensor step ------------------------------------------------
+
+CATEGORY_GROUPS = {
+    "parameters": ("parameters",),
+    "gradients": ("gradients",),
+    "optimizer": ("optimizer",),
+    "activations": ("activations", "activations_inputs", "temporaries"),
+    "buffers": ("parameters_unsharded", "gradients_unsharded", "all_gather", "reduce_scatter"),
+}
+"""The planner's categories (plan/peak.py PeakTerms) as sums of the exact step's (tools/memory_run.py CATEGORIES):
+the tracker files the loss's logits under activations or temporaries by where they were made, the planner counts
+them with the activations."""
+
+
+def exact_groups(by_category: dict[str, int]) -> dict[str, float]:
+    """The exact step's bytes by the planner's categories."""
+    return {k: float(sum(by_category.get(c, 0) for c in cs)) for k, cs in CATEGORY_GROUPS.items()}
+
+
+def planner_groups(overrides: list[str], world_size: int) -> dict[str, float]:
+    """plan/peak.py's bytes at the peak of pipeline rank 0 for a config, by category (before the fitted slack)."""
+    from meshforge.config.io import load_config
+    from meshforge.model.hf_config import resolve_model_args
+    from meshforge.plan.layout import layout_from_config
+    from meshforge.plan.peak import rank_allocated
+
+    cfg = load_config(None, overrides)
+    args = resolve_model_args(cfg.model, cfg.training.seq_len)
+    t = rank_allocated(args, layout_from_config(cfg, world_size), 0)
+    return {
+        "parameters": t.parameters,
+        "gradients": t.gradients,
+        "optimizer": t.optimizer,
+        "activations": t.activations,
+        "buffers": t.buffers,
+    }

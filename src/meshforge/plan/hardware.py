@@ -185,6 +185,22 @@ PRESETS: dict[str, HardwareSpec] = {
         inter_node_latency=15e-6,
         devices_per_node=8,
     ),
+    # NVIDIA GB200 NVL72 datasheet (per GPU of 72: 360 / 720 PFLOP/s sparse BF16 / FP8 -> 2.5 / 5 dense, 13.4 TB
+    # HBM3e, 576 TB/s, 130 TB/s NVLink): no published row, a stated prior (the shared constants, a wider interval).
+    "gb200": HardwareSpec(
+        name="gb200",
+        description="NVIDIA GB200 NVL72: 186 GB HBM3e, NVLink 5 across the 72-GPU domain, 400 Gb/s RDMA per GPU",
+        peak_bf16_flops=2500e12,
+        peak_fp32_flops=80e12,
+        peak_fp8_flops=5000e12,
+        memory_gib=173.4,
+        memory_bandwidth=8.0e12,
+        intra_node_bandwidth=900e9,
+        intra_node_latency=5e-6,
+        inter_node_bandwidth=50e9,
+        inter_node_latency=15e-6,
+        devices_per_node=72,
+    ),
 }
 
 # CPU: ranks are processes on one host; gloo moves tensors through loopback TCP. Assumed orders of magnitude, ~1 GB/s

@@ -61,6 +61,13 @@ class Layout:
     param_dtype: str = "bfloat16"
     reduce_dtype: str = "float32"
     cp_impl: str = "auto"
+    cp_gathers_gqa_kv: bool = False
+    """Context parallel all-gathers K/V before they are repeated to the query heads (kv_heads of them: the Llama 3
+    paper's CP, arXiv:2407.21783 section 3.3.2); False: after (meshforge and TorchTitan's models repeat K/V before
+    SDPA, where torch's CP gathers them)."""
+    compiled_loss: bool = False
+    """The loss is torch.compile'd (TorchTitan with compile on from bbb1b61, 2025-04-02); meshforge compiles only
+    the blocks."""
     threads_per_rank: int = 0
     """CPU ranks: compute threads of each (0 = as many as the hardware probe used)."""
     loss_chunks: int = 1

@@ -12,7 +12,7 @@ from meshforge.plan import levers
 from meshforge.plan.estimate import Estimate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, check_layout
-from meshforge.plan.memory import memory, rank_memory
+from meshforge.plan.peak import memory, rank_memory
 
 LEVER_TIME_KEYS = ("chunked_loss_recompute", "activation_offload_copies", "cpu_offload_copies")
 

@@ -67,16 +67,10 @@ def host_link(hw: HardwareProfile) -> float:
     return HOST_LINK_BANDWIDTH.get(hw.spec.name, DEFAULT_HOST_LINK_BANDWIDTH)
 
 
-def device_activations(layout: Layout, saved: float, per_layer: float, transient: float, loss: float) -> float:
-    """Activation bytes on the device at the peak: saved activations (all, or under activation offload the one block
-    whose backward has them back) plus the larger of a block's transients and the loss's logits (/ N chunked)."""
-    on_device = min(saved, per_layer) if layout.activation_offload else saved
-    return on_device + max(transient, loss / layout.loss_chunks)
-
-
-def host_activations(layout: Layout, saved: float, per_layer: float) -> float:
-    """Saved-activation bytes held on the host under activation offload (0 without)."""
-    return saved - min(saved, per_layer) if layout.activation_offload else 0.0
+def device_saved(layout: Layout, saved: float, per_layer: float) -> float:
+    """Saved-activation bytes on the device at the peak: all of them, or under activation offload the one block whose
+    backward has them back (the chunked loss's share is plan/peak.py's loss term, / N)."""
+    return min(saved, per_layer) if layout.activation_offload else saved
 
 
 def device_state_numel(layout: Layout, numel: int) -> int:

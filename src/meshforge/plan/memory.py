@@ -1,4 +1,5 @@
-"""Memory per device: sharded parameter/gradient/optimizer bytes, activation bytes per AC mode, buffers. Pure Python.
+"""Memory per device: sharded parameter/gradient/optimizer bytes, activation bytes per AC mode. Pure Python.
+Which of them are live at the step's peak, with the communication buffers, is plan/peak.py.
 
 Parameters are counted shape by shape with the real sharding rules, so the analytical figure equals what FSDP2 +
 tensor parallel allocate on rank 0 (tests/unit/test_plan_exact.py checks this against a fake process group):
@@ -19,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from meshforge.model.flavors import ModelArgs
-from meshforge.plan import levers, schedules
-from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import Layout, stage_layer_counts, stages_of_rank
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -31,6 +30,10 @@ LOSS_BYTES_PER_LOGIT = 12
 LOSS_PARALLEL_BYTES_PER_LOGIT = 16
 """Vocab-parallel cross-entropy (torch loss_parallel, decomposed into DTensor ops): five live fp32 temporaries at the
 backward's peak (saved output, incoming gradient, exp(output), its product with the sum, the result)."""
+COMPILED_LOSS_BYTES_PER_LOGIT = 4
+"""torch.compile'd cross-entropy on .float() logits (one fused kernel each way): the bf16 logits it saves and their
+bf16 gradient; the fp32 copies are never materialised (an assumption from inductor's fusion, not traced: the exact
+step runs eager)."""
 NORM_EAGER_BYTES = 8
 """Eager RMSNorm saves two fp32 copies of its input (x.float() twice) per hidden element."""
 MAX_LOAD = 1.25
@@ -281,8 +284,8 @@ def activation_bytes_per_token(args: ModelArgs, layout: Layout, mode: str) -> fl
         sharded = e * (q + kv + f) + e * q + 4 * heads
         rowwise = 1
         sharded += e * d  # the checkpointed block input
-        if tp > 1:  # row-parallel outputs are full-length before their (saved) reduce-scatter
-            return sharded / tp + rowwise * e * d * (1 + 1 / tp)
+        if tp > 1:  # w2's output is full-length before its reduce-scatter; both reduce-scatters' outputs are saved
+            return sharded / tp + rowwise * e * d * (1 + 2 / tp)
         return sharded + rowwise * e * d
     if layout.compile:
         sharded = 4 * e * d + e * (q + 2 * kv_sdpa) + 2 * e * q + 4 * heads + 2 * e * f
@@ -312,116 +315,12 @@ def saved_bytes_per_token(args: ModelArgs, layout: Layout) -> float:
 
 
 def transient_bytes_per_token(args: ModelArgs, layout: Layout) -> float:
-    """Working set of one block's backward per token: its recomputed activations plus activation gradients."""
+    """Working set of one block's backward per token: its recomputed activations plus activation gradients (at the
+    SwiGLU's backward: the gradients of its product, of w3's and w1's outputs and of silu's input, and of the two
+    matmuls' input and the residual)."""
     e, tp = DTYPE_BYTES[layout.param_dtype], layout.tp
-    grads = e * (2 * args.dim + 2 * args.ffn_hidden_dim) / tp
+    grads = e * (2 * args.dim + 4 * args.ffn_hidden_dim) / tp
     recompute = 0.0 if layout.ac_mode == "none" else activation_bytes_per_token(args, layout, "none")
     if layout.cp > 1:  # the gathered K/V of the whole sequence
         recompute += 2 * e * args.n_heads * args.head_dim / tp * layout.cp
     return recompute + grads
-
-
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """Peak memory of the most loaded pipeline rank, by part (GiB)."""
-
-    parameters: float
-    gradients: float
-    optimizer: float
-    activations: float
-    comm_buffers: float
-    allocator: float
-    framework: float
-    rank: int
-    host: float = 0.0
-    """GiB held in host memory instead (FSDP CPU offload's state; not in the peak)."""
-
-    @property
-    def peak(self) -> float:
-        return (
-            self.parameters
-            + self.gradients
-            + self.optimizer
-            + self.activations
-            + self.comm_buffers
-            + self.allocator
-            + self.framework
-        )
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "parameters": self.parameters,
-            "gradients": self.gradients,
-            "optimizer_state": self.optimizer,
-            "activations": self.activations,
-            "communication_buffers": self.comm_buffers,
-            "allocator_slack": self.allocator,
-            "framework_overhead": self.framework,
-        } | ({"host_offloaded": self.host} if self.host else {})
-
-
-def memory(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> MemoryBreakdown:
-    """The peak over the pipeline ranks (the first and last stages hold the embedding and the loss, the schedule decides
-    which rank holds the most activations)."""
-    return max((rank_memory(args, layout, hw, r) for r in range(layout.pp)), key=lambda m: m.peak)
-
-
-def rank_memory(args: ModelArgs, layout: Layout, hw: HardwareProfile, rank: int) -> MemoryBreakdown:
-    """Peak memory of one pipeline rank."""
-    layout = levers.effective(layout, hw)  # on a CPU profile the device is the host: offloads move nothing
-    numel, activations, buffers = rank_allocated(args, layout, rank)
-    host = numel - levers.device_state_numel(layout, numel)  # CPU offload: the fp32 state lives on the host
-    numel -= host
-    allocated = numel * sum(STATE_BYTES.values()) + activations + buffers
-    eff = hw.efficiency
-    return MemoryBreakdown(
-        parameters=numel * STATE_BYTES["params"] / GIB,
-        gradients=numel * STATE_BYTES["grads"] / GIB,
-        optimizer=numel * STATE_BYTES["optimizer"] / GIB,
-        activations=activations / GIB,
-        comm_buffers=buffers / GIB,
-        allocator=allocated * eff.allocator_overhead / GIB,
-        framework=eff.framework_gib,
-        rank=rank,
-        host=host * sum(STATE_BYTES.values()) / GIB,
-    )
-
-
-@functools.lru_cache(maxsize=8192)
-def rank_allocated(args: ModelArgs, layout: Layout, rank: int) -> tuple[int, float, float]:
-    """What one pipeline rank allocates, hardware aside: local parameter elements, activation bytes, buffer bytes."""
-    parts = rank_parts(args, layout, rank)
-    numel = local_param_numel(args, layout, parts)
-    tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
-    view = compute_view(args, layout.tp, layout.ep)  # MoE: the active FFN width (args itself for dense flavors)
-    per_layer = (saved_bytes_per_token(view, layout) + routed_bytes_per_token(args, layout)) * tokens
-    mean_stage = parts.layers / max(1, len(parts.stage_layers))
-    saved = schedules.in_flight(layout, rank) * mean_stage * per_layer
-    transient = transient_bytes_per_token(view, layout) * tokens
-    per_logit = LOSS_PARALLEL_BYTES_PER_LOGIT if layout.tp > 1 else LOSS_BYTES_PER_LOGIT
-    loss = per_logit * tokens * args.vocab_size / layout.tp if parts.head else 0.0
-    activations = levers.device_activations(layout, saved, per_layer, transient, loss)
-    return numel, activations, comm_buffer_bytes(args, layout, parts, tokens)
-
-
-def comm_buffer_bytes(args: ModelArgs, layout: Layout, parts: RankParts, tokens: float) -> float:
-    """All-gathered weights, unsharded gradients awaiting reduce-scatter, pipeline send/receive buffers."""
-    e, r = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.reduce_dtype]
-    sharded = layout.fsdp_size > 1 or layout.dp_replicate > 1
-    layer_numel = part_numel(args, "block", layout.tp, 1)
-    if args.is_moe:  # the mean block, gathered (routed experts: E / ep of them)
-        layer_numel = blocks_numel(args, layout, parts, 1) // max(1, parts.layers)
-    root_numel = part_numel(args, "embedding", layout.tp, 1) * parts.embedding
-    root_numel += part_numel(args, "head", layout.tp, 1) * parts.head
-    total = 0.0
-    if sharded:
-        keep_all = not layout.reshard_after_forward
-        gathered_layers = parts.layers if keep_all else min(2, parts.layers)
-        total += gathered_layers * gathered_layer_bytes(args, layout) + root_numel * e
-        if layout.pp > 1:  # microbatch gradients accumulate unsharded in the reduce dtype until the last one
-            total += (parts.layers * layer_numel + root_numel) * r
-        else:
-            total += 2 * layer_numel * (e + r) + root_numel * e
-    if layout.pp > 1:
-        total += 2 * len(parts.stage_layers) * tokens * args.dim * e / layout.tp
-    return total

@@ -19,65 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshforge.plan.sources import SOURCES, Source
+
 __all__ = ["EXCLUDED", "RUNS", "SOURCES", "TABLES", "Run", "Source", "article_runs", "run"]
 
-
-@dataclass(frozen=True)
-class Source:
-    """Where rows come from: repository@commit path (or thread), date, what its figures measure."""
-
-    key: str
-    cite: str
-    date: str
-    measures: str
-
-
-SOURCES: dict[str, Source] = {
-    s.key: s
-    for s in (
-        Source(
-            "tt-2024-12",
-            "pytorch/torchtitan docs/performance.md @ d4c86e3758a8 (= benchmarks/llama3_h100_202412_torchtitan.md @ "
-            "820504e20d11); torch 1963fc8, torchtitan 9dec370",
-            "2024-12",
-            "H100 96 GB HBM2e at 500 W, 8 per host, 400 Gb/s RDMA; tps at iteration 90; memory = max reserved GiB "
-            "over GPUs",
-        ),
-        Source(
-            "tt-2024-08",
-            "pytorch/torchtitan docs/performance.md @ 3faaa1a0dee6 (unchanged through 4d88a8a44fe4)",
-            "2024-08",
-            "128 H100 (95 GiB HBM2e, lower TDP); tps; memory not reported",
-        ),
-        Source(
-            "tt-asynctp-2025-06",
-            "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md @ 2887250bbd91 (PR #1299); "
-            "torch 38410cf9, torchtitan 820504e",
-            "2025-06",
-            "H100 96 GB (Grand Teton); average tps per GPU; memory not reported",
-        ),
-        Source(
-            "torchao-float8",
-            "pytorch/ao torchao/float8/README.md @ 8c81863ba85c (PR #1793; unchanged through 927cbfb9127a); "
-            "torch 2.7.0a0+gitb98af95, torchtitan 0.0.2",
-            "2025-03",
-            "8x H100 (variant not stated; read as 80 GB SXM); median tps over steps 2-100; max reserved GiB",
-        ),
-        Source(
-            "tt-trainy-h200",
-            "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md @ cbccb387871a; "
-            "torchtitan e7c0cae934df (llama3_8b.toml: seq 8192, selective op AC)",
-            "2025-06",
-            "H200 141 GB, 400 Gb/s per GPU; tps and reserved GiB at iteration 100",
-        ),
-        Source(
-            "tt-2024-04-a100",
-            "pytorch/torchtitan docs/performance.md @ f38766edbe85 (toml: seq 8192, compile off)",
-            "2024-04",
-            "64 A100 80 GB; tps (WPS) per GPU; memory not reported",
-        ),
-    )
-}
 
 TABLES = {
     1: "Table 1: Llama 3.1 8B, 8 GPUs, FSDP 8, local batch 2, selective AC, seq 8192",
@@ -108,6 +53,9 @@ class Run:
     """Key of the article table's first row (the ratio's denominator)."""
     reading: str = ""
     """What the source leaves open and how the row reads it."""
+    compiled_loss: bool = False
+    """TorchTitan at the row's commit compiles the loss with compile on (from bbb1b61, 2025-04-02; 9dec370 had it
+    commented out since e8977b0, 2024-12-18): plan/layout.py Layout.compiled_loss."""
 
 
 _SEQ = "--training.seq_len 8192"
@@ -130,6 +78,7 @@ _405B_2D = f"{_SEQ} --model.flavor 405B --training.local_batch_size 2 --parallel
 )
 _8B_TP = f"{_8B} --training.local_batch_size 12 --parallelism.tensor_parallel_degree 8 --compile.enable"
 _NO_SEQ = "sequence length not stated: the preset's 8192"
+_B200 = "power limit not stated (the b200 preset's family factor absorbs it); loss compiled (torchtitan 6fc499f)"
 _MB = "microbatches: TorchTitan 9dec370's default, one per pipeline rank (8)"
 
 
@@ -373,7 +322,8 @@ RUNS: tuple[Run, ...] = (
         f"{_T1} {_FAST}",
         10938,
         47.96,
-        reading="force_recompute_fp8_weight_in_bwd (not modelled)",
+        reading="force_recompute_fp8_weight_in_bwd (not modelled); loss compiled (torchtitan e7c0cae)",
+        compiled_loss=True,
     ),
     _run(
         "trainy.8b_64",
@@ -384,7 +334,33 @@ RUNS: tuple[Run, ...] = (
         f"{_T1} {_FAST}",
         10753,
         46.97,
-        reading="force_recompute_fp8_weight_in_bwd (not modelled)",
+        reading="force_recompute_fp8_weight_in_bwd (not modelled); loss compiled (torchtitan e7c0cae)",
+        compiled_loss=True,
+    ),
+    # torchao's MX README on B200 (8 x B200 power limited, batch 1, seq 8192, compile, FSDP2, per-op SAC)
+    _run(
+        "torchao-b200.8b_bf16",
+        "torchao-mx-b200",
+        "8B FSDP 8 on B200, batch 1, compile",
+        "b200",
+        8,
+        f"{_8B} --training.local_batch_size 1 --compile.enable",
+        8307.5,
+        33.71,
+        reading=_B200,
+        compiled_loss=True,
+    ),
+    _run(
+        "torchao-b200.8b_fp8",
+        "torchao-mx-b200",
+        "8B FSDP 8 on B200, batch 1, compile + Float8",
+        "b200",
+        8,
+        f"{_8B} --training.local_batch_size 1 {_FAST}",
+        10417.0,
+        33.38,
+        reading=f"{_B200}; Float8 tensorwise with Float8 all-gather",
+        compiled_loss=True,
     ),
     # TorchTitan's April-2024 A100 rows (FSDP 64, local batch 1, no compile)
     _run(
@@ -418,6 +394,11 @@ EXCLUDED: tuple[tuple[str, str], ...] = (
         "the planner has no rowwise recipe; the source calls their baseline anomalous (#1207)",
     ),
     ("torchao-float8 rowwise row (6768 tps, 47.79 GiB)", "the planner has no rowwise recipe"),
+    (
+        "torchao-mx-b200 mxfp8_cublas / mxfp8_cublas_rceil / float8 rowwise rows (9969, 9642 tps, ...)",
+        "the planner has no MX or rowwise recipe",
+    ),
+    ("torchtitan docs/mxfp8.md Llama4 Scout 512 GB200 rows (6169 / 7401 tps)", "no Llama 4 flavor; GB200, no memory"),
     ("torchtitan#1207 8B FSDP 2 x TP 2 (5378 / 5189 tps)", "sequence length, batch and compile not stated"),
     ("tt-2024-04-a100 8B selective-layer row (2904 tps)", "the N of 'every N-th layer' is not stated"),
     ("NeMo 24.07 Llama 3 8B / 70B rows", "another implementation (Megatron-Core, ZeRO-1, TE FP8), AC not stated"),

@@ -44,7 +44,7 @@ NEUTRAL = Efficiency(
 Float8's speedup in [1, 2], the share of TP communication async TP hides in [0, 1]); chosen without the rows."""
 FAMILY_PRIOR_SD = 0.25
 """Prior spread of a GPU generation's speed factor (log): its kernels reach its datasheet within e^0.25 = 1.28x of
-the reference family's fraction. Also the extra spread of a family with no row (b200): hardware.py."""
+the reference family's fraction. Also the extra spread of a family with no row (gb200): hardware.py."""
 ROW_LOG_SD = 0.1
 """The order of one row's log error (the leave-one-out spread), which sets the prior's weight against the rows."""
 FAMILY_PRIOR_WEIGHT = (ROW_LOG_SD / FAMILY_PRIOR_SD) ** 2
@@ -66,6 +66,7 @@ def observations() -> tuple[fit.Observation, ...]:
     out = []
     for run in published.RUNS:
         layout = layout_from_config(load_config(None, list(run.overrides)), run.world_size, impl=IMPL)
+        layout = replace(layout, compiled_loss=run.compiled_loss and layout.compile)
         out.append(fit.Observation(run.key, layout, run.tps, run.memory_gib, hardware=load_hardware(run.hardware)))
     return tuple(out)
 

@@ -19,8 +19,8 @@ Conventions: the peak is that of forward + backward with parameters, gradients a
 optimizer step itself is not tracked: on fake tensors its transients are over-counted (foreach kernels ~12x on
 debugmodel; even the for-loop step under TP keeps about one fp32 copy of the parameters too many), and on a device
 it runs after the activations are freed (params + grads + states + foreach temporaries of about one fp32 copy of the
-local parameters stays far below the backward peak on every layout here). Not covered: pipeline parallel (its
-schedule's in-flight micro-batches; ``meshforge plan`` models them) -- a PP config is refused in one line.
+local parameters stays far below the backward peak on every layout here). Pipeline parallel: one pipeline rank's
+stage with the schedule's microbatches in flight, modelled (tools/memory_pp.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshforge.config.schema import JobConfig
-from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.llama import build_model
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
@@ -162,12 +161,18 @@ def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
     return tracker
 
 
-def build_step_model(cfg: JobConfig, dims: ParallelDims, mesh: Any, args: ModelArgs) -> nn.Module:
+def build_step_model(
+    cfg: JobConfig, dims: ParallelDims, mesh: Any, args: ModelArgs, stage: tuple[bool, bool] | None = None
+) -> nn.Module:
     """The model parallelized as training does it (tools/dry_run.py's options), on the meta device (FSDP2's TP
-    sharding spec cannot run on fake tensors)."""
+    sharding spec cannot run on fake tensors). ``stage``: (has the embedding, has norm + output), a pipeline
+    stage's modules (tools/memory_pp.py)."""
     from meshforge.tools.dry_run import meta_parallelism
 
     model = build_model(args)
+    if stage is not None:
+        model.tok_embeddings = model.tok_embeddings if stage[0] else None
+        model.norm, model.output = (model.norm, model.output) if stage[1] else (None, None)
     parallelize(
         model,
         dims,
@@ -276,12 +281,11 @@ def memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelD
     """Rank 0's peak by category for ``cfg`` on ``world_size`` ranks (fake tensors, fake process group)."""
     from meshforge.tools.dry_run import fake_world
 
-    if dims.pp > 1:
-        raise ConfigError(
-            f"--dry-run --memory: pipeline_parallel_degree = {dims.pp} is not covered by the fake-tensor step yet "
-            "(the schedule's in-flight micro-batches); run it with pipeline_parallel_degree 1 or use `meshforge plan`"
-        )
     check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
+    if dims.pp > 1:
+        from meshforge.tools.memory_pp import pp_memory_run
+
+        return pp_memory_run(cfg, world_size, args, dims)
     probes = probe_layers(args.n_layers)
     peaks = []
     for n in probes:

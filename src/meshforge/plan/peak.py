@@ -1,0 +1,216 @@
+"""Peak memory of a pipeline rank: what is live at the step's busiest instant, by category. Pure Python.
+
+The terms are those the exact fake-tensor step measures (tools/memory_run.py; tests/unit/test_plan_memory_exact.py
+holds them to tests/fixtures/exact_memory.json per category). The step has three candidate peaks; the largest wins
+and its categories are reported:
+
+- ``loss`` (the start of the backward, where every published layout the exact step traces peaks): parameters and
+  optimizer states resident, no gradient (``zero_grad(set_to_none=True)`` freed the last step's), every block's saved
+  activations, the head's saved inputs (the block stack's output and the final norm's saved copies, sharded under SP,
+  and the output matmul's full-length input), the loss's logits (LOSS_*_BYTES_PER_LOGIT), and the weights FSDP keeps
+  gathered: the last block (parallel/fsdp.py does not reshard it after forward) or, with resharding off, every block
+  and the root.
+- ``block`` (the first block's backward), when its working set (recompute, activation gradients, CP's gathered K/V)
+  exceeds the loss's: the saved activations, that working set, the gathered weights above plus the block FSDP
+  prefetches and the root (gathered again for the output's backward and held, with the output's unsharded gradient,
+  until the root's post-backward at the very end), and the block's unsharded gradient in both dtypes.
+- ``end`` (the end of the backward): every sharded gradient, the root gathered with its unsharded gradients.
+
+Under pipeline parallel the in-flight microbatches' activations replace ``saved`` (schedules.in_flight), every block
+stays gathered (resharding is off under PP, parallel/fsdp.py) and the microbatches' unsharded gradients accumulate in
+the reduce dtype until the last one's reduce-scatter, beside the send / receive buffers of each stage.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from meshforge.model.flavors import ModelArgs
+from meshforge.plan import levers, schedules
+from meshforge.plan.hardware import GIB, HardwareProfile
+from meshforge.plan.layout import Layout
+from meshforge.plan.memory import (
+    COMPILED_LOSS_BYTES_PER_LOGIT,
+    DTYPE_BYTES,
+    LOSS_BYTES_PER_LOGIT,
+    LOSS_PARALLEL_BYTES_PER_LOGIT,
+    NORM_EAGER_BYTES,
+    STATE_BYTES,
+    RankParts,
+    blocks_numel,
+    compute_view,
+    gathered_layer_bytes,
+    local_param_numel,
+    part_numel,
+    rank_parts,
+    routed_bytes_per_token,
+    saved_bytes_per_token,
+    transient_bytes_per_token,
+)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak memory of the most loaded pipeline rank, by part (GiB)."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    comm_buffers: float
+    allocator: float
+    framework: float
+    rank: int
+    phase: str = "loss"
+    """Which instant of the step the peak is (module docstring)."""
+    host: float = 0.0
+    """GiB held in host memory instead (FSDP CPU offload's state; not in the peak)."""
+
+    @property
+    def peak(self) -> float:
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.comm_buffers
+            + self.allocator
+            + self.framework
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer_state": self.optimizer,
+            "activations": self.activations,
+            "communication_buffers": self.comm_buffers,
+            "allocator_slack": self.allocator,
+            "framework_overhead": self.framework,
+        } | ({"host_offloaded": self.host} if self.host else {})
+
+
+@dataclass(frozen=True)
+class PeakTerms:
+    """Bytes one pipeline rank allocates at its peak, by category, hardware aside."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    buffers: float
+    phase: str
+    host: float = 0.0
+    """Bytes of fp32 state held on the host (FSDP CPU offload), not in the total."""
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers
+
+
+def memory(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> MemoryBreakdown:
+    """The peak over the pipeline ranks (the first and last stages hold the embedding and the loss, the schedule decides
+    which rank holds the most activations)."""
+    return max((rank_memory(args, layout, hw, r) for r in range(layout.pp)), key=lambda m: m.peak)
+
+
+def rank_memory(args: ModelArgs, layout: Layout, hw: HardwareProfile, rank: int) -> MemoryBreakdown:
+    """Peak memory of one pipeline rank: the allocated terms, the fitted allocator slack on them, the fixed part."""
+    layout = levers.effective(layout, hw)  # on a CPU profile the device is the host: offloads move nothing
+    t = rank_allocated(args, layout, rank)
+    eff = hw.efficiency
+    return MemoryBreakdown(
+        parameters=t.parameters / GIB,
+        gradients=t.gradients / GIB,
+        optimizer=t.optimizer / GIB,
+        activations=t.activations / GIB,
+        comm_buffers=t.buffers / GIB,
+        allocator=t.total * eff.allocator_overhead / GIB,
+        framework=eff.framework_gib,
+        rank=rank,
+        phase=t.phase,
+        host=t.host / GIB,
+    )
+
+
+@functools.lru_cache(maxsize=8192)
+def rank_allocated(args: ModelArgs, layout: Layout, rank: int) -> PeakTerms:
+    """What one pipeline rank allocates at its peak (the largest of the module docstring's instants)."""
+    parts = rank_parts(args, layout, rank)
+    numel = local_param_numel(args, layout, parts)
+    tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
+    view = compute_view(args, layout.tp, layout.ep)  # MoE: the active FFN width (args itself for dense flavors)
+    per_layer = (saved_bytes_per_token(view, layout) + routed_bytes_per_token(args, layout)) * tokens
+    mean_stage = parts.layers / max(1, len(parts.stage_layers))
+    # activation offload: the device keeps what one block's backward has brought back (plan/levers.py)
+    saved = levers.device_saved(layout, schedules.in_flight(layout, rank) * mean_stage * per_layer, per_layer)
+    transient = transient_bytes_per_token(view, layout) * tokens
+    loss = loss_bytes(args, layout, tokens) if parts.head else 0.0
+    g = _gathered(args, layout, parts)
+    device = levers.device_state_numel(layout, numel)  # CPU offload: the fp32 state lives on the host
+    host = (numel - device) * sum(STATE_BYTES.values())
+    params, opt = device * STATE_BYTES["params"], device * STATE_BYTES["optimizer"]
+    if layout.pp > 1:
+        act = saved + max(transient, loss)
+        return PeakTerms(params, 0.0, opt, act, g.kept + g.accumulated + g.p2p, "pipeline", host)
+    phases = (
+        PeakTerms(params, 0.0, opt, saved + loss, g.kept, "loss", host),
+        PeakTerms(params, 0.0, opt, saved + transient, g.kept + g.prefetch + g.root + g.block_grad, "block", host),
+        PeakTerms(params, device * STATE_BYTES["grads"], opt, transient + per_layer, g.end, "end", host),
+    )
+    return max(phases, key=lambda t: t.total)
+
+
+def loss_bytes(args: ModelArgs, layout: Layout, tokens: float) -> float:
+    """The head's rank at the loss: its saved inputs (module docstring) and the loss's fp32 logits and gradients."""
+    e, tp, d = DTYPE_BYTES[layout.param_dtype], layout.tp, args.dim
+    norm = 2 * e if layout.compile else e + NORM_EAGER_BYTES  # compiled norm: its input and output (assumed)
+    head = tokens * d * (norm / tp + e)
+    per_logit = LOSS_PARALLEL_BYTES_PER_LOGIT if tp > 1 else LOSS_BYTES_PER_LOGIT
+    if layout.compiled_loss and tp == 1:  # under loss parallel: DTensor's decomposition, kept (not measured)
+        per_logit = COMPILED_LOSS_BYTES_PER_LOGIT
+    return head + per_logit * tokens * args.vocab_size / tp / layout.loss_chunks  # chunked loss: one chunk's logits
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """Communication buffers (bytes): the weights FSDP keeps gathered after forward, the next block it prefetches in
+    backward, the root gathered with the output's unsharded gradient, one block's unsharded gradient, what is live at
+    the end of the backward, the microbatches' accumulated unsharded gradients (PP), the pipeline send / receive
+    buffers."""
+
+    kept: float = 0.0
+    prefetch: float = 0.0
+    root: float = 0.0
+    block_grad: float = 0.0
+    end: float = 0.0
+    accumulated: float = 0.0
+    p2p: float = 0.0
+
+
+def _gathered(args: ModelArgs, layout: Layout, parts: RankParts) -> Gathered:
+    e, r = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.reduce_dtype]
+    tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
+    p2p = 2 * len(parts.stage_layers) * tokens * args.dim * e / layout.tp if layout.pp > 1 else 0.0
+    if not (layout.fsdp_size > 1 or layout.dp_replicate > 1):
+        return Gathered(p2p=p2p)
+    layer_numel = part_numel(args, "block", layout.tp, 1)
+    if args.is_moe:  # the mean block, gathered (routed experts: E / ep of them)
+        layer_numel = blocks_numel(args, layout, parts, 1) // max(1, parts.layers)
+    root_numel = part_numel(args, "embedding", layout.tp, 1) * parts.embedding
+    head_numel = part_numel(args, "head", layout.tp, 1) * parts.head
+    root_numel += head_numel
+    block = gathered_layer_bytes(args, layout)
+    keep_all = layout.pp > 1 or not layout.reshard_after_forward
+    kept = parts.layers * block + root_numel * e if keep_all else min(1, parts.layers) * block
+    accumulated = (parts.layers * layer_numel + root_numel) * r if layout.pp > 1 else 0.0
+    return Gathered(
+        kept=kept,
+        prefetch=0.0 if keep_all else block * (parts.layers > 1),
+        root=0.0 if keep_all else root_numel * e + head_numel * e,
+        block_grad=layer_numel * e,
+        end=kept + head_numel * e if keep_all else (root_numel + head_numel) * e + layer_numel * (e + r),
+        accumulated=accumulated,
+        p2p=p2p,
+    )
