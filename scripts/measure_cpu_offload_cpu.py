@@ -15,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from launcher import run_ranks  # noqa: E402
+from launcher import run_ranks
 
 BASE = ["--model.flavor", "tiny", "--training.seq_len", "256", "--training.local_batch_size", "4"]
 BASE += ["--training.steps", "12", "--metrics.log_freq", "1", "--training.mixed_precision_param", "float32"]
