@@ -169,3 +169,28 @@ def test_pruning_keeps_what_the_guide_picks(seed: int, monkeypatch: pytest.Monke
         return
     assert _guide_picks(advisor.recommendation_order(kept)) == _guide_picks(advisor.recommendation_order(full))
     assert fitting <= len(full)
+
+
+def test_pruning_keeps_a_simpler_layout_within_the_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two fast 4D layouts with every dimension and a simpler 4D one 4 % slower (within the margin, not among its
+    family's two fastest): the simpler one is kept, and recommended."""
+    from types import SimpleNamespace
+
+    full4d = [
+        Layout(flavor="8B", seq_len=8192, local_batch_size=8 + i, pp=2, tp=2, cp=2, dp_replicate=2) for i in (0, 1)
+    ]
+    simple = Layout(flavor="8B", seq_len=8192, local_batch_size=10, pp=2, cp=2)
+    tps = {full4d[0]: 100.0, full4d[1]: 99.5, simple: 96.0}
+    monkeypatch.setattr(prune, "tps_bound", lambda lay, hw, args=None: tps[lay] * 1.01)
+    monkeypatch.setattr(
+        prune, "estimate", lambda lay, hw: SimpleNamespace(layout=lay, tps_per_device=tps[lay], peak_memory_gib=1.0)
+    )
+    kept, _, pruned = prune.needed_estimates(
+        [*full4d, simple],
+        load_hardware("h100"),
+        guide.family,
+        advisor.SIMPLICITY_MARGIN,
+        None,
+        lambda lay: True,  # type: ignore[arg-type]
+    )
+    assert pruned == 0 and advisor.recommendation_order(kept)[0].layout == simple

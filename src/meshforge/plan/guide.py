@@ -238,6 +238,8 @@ def compute_guide(
             if path.exists():
                 cells[i] = json.loads(path.read_text())
     todo = groups([i for i in range(len(jobs)) if i not in cells], jobs)
+    if len(todo) < (workers or os.cpu_count() or 1):  # too few groups to keep the cores busy: one cell per task
+        todo = [[i] for group in todo for i in group]
     tasks = [[jobs[i] for i in group] for group in todo]
     n = workers or min(len(tasks), os.cpu_count() or 1)
     if n > 1:
