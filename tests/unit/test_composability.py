@@ -127,14 +127,6 @@ def test_job_features_of_a_config_are_the_matrix_jobs_columns(index: int) -> Non
     assert sorted(rows) == sorted(mc.ROWS[job["layout"]]), mc.describe(job)
 
 
-def test_the_dry_run_refuses_chunked_loss_under_tp(capsys: pytest.CaptureFixture[str]) -> None:
-    from meshforge.cli import main
-
-    argv = ["train", "--dry-run", "--world-size", "2", "--parallelism.tensor_parallel_degree", "2"]
-    assert main([*argv, "--training.loss_chunks", "2"]) == 2
-    assert "loss_chunks" in capsys.readouterr().err
-
-
 def test_a_three_way_refusal_needs_all_of_its_settings(capsys: pytest.CaptureFixture[str]) -> None:
     from meshforge.cli import main
 

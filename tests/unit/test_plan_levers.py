@@ -71,18 +71,19 @@ def test_lever_time_terms() -> None:
 
 
 def test_a_lever_changes_the_search_recommendation(monkeypatch: pytest.MonkeyPatch) -> None:
-    """8B on 2 x H100, global batch 2 x seq 8192: FSDP 2 fits only with the chunked loss and beats TP 2, the best
-    without levers; 70B on 8 x H100 fits only with CPU offload."""
+    """8B on 4 x H100, local batch 2 x seq 8192: FSDP 4 fits only with the chunked loss and beats the best layout
+    without levers (a TP x PP layout)."""
     h100 = load_hardware("h100")
-    base = planned(["--training.local_batch_size", "1"], world=2)
-    with_levers = search(base, 2, h100).best
-    assert with_levers.layout.loss_chunks > 1 and with_levers.layout.tp == 1, with_levers.layout.describe()
+    base = planned(["--training.local_batch_size", "2"], world=4)
+    with_levers = search(base, 4, h100).best
+    chosen = with_levers.layout
+    assert chosen.loss_chunks > 1 and chosen.tp == 1 and chosen.pp == 1, chosen.describe()
     line = explain(with_levers, h100, layout_args(base))
     assert line.startswith("lever: chunked loss 8 made it fit"), line
     monkeypatch.setattr(levers, "LADDER", ())
-    without = search(base, 2, h100).best
-    assert without.layout.tp == 2 and without.tps_per_device < with_levers.tps_per_device
-    assert memory(layout_args(base), dataclasses.replace(with_levers.layout, loss_chunks=1), h100).peak > (
+    without = search(base, 4, h100).best
+    assert without.layout.tp * without.layout.pp > 1 and without.tps_per_device < with_levers.tps_per_device
+    assert memory(layout_args(base), dataclasses.replace(chosen, loss_chunks=1), h100).peak > (
         h100.spec.memory_gib - h100.spec.runtime_gib
     )
 
