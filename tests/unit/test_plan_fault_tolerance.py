@@ -54,7 +54,7 @@ def test_step_cost_terms() -> None:
     plain, alone = estimate(lay, hw), estimate(replace(lay, dp_replicate=1), hw)
     assert cost.plain_s == plain.step_time and group.step_time == alone.step_time
     link = comm.axis_link(lay, ("dp_replicate",), hw)
-    grad = alone.memory.gradients * 2**30
+    grad = alone.memory.parameters * 2**30  # fp32 gradient shards: as many bytes as the fp32 parameter shards
     ring = 2 * (7 / 8 * grad / link.bandwidth + 7 * link.latency)  # 8 groups, across nodes (64 GPUs > 8 per node)
     assert not link.intra_node and cost.allreduce_s == pytest.approx(ring)
     swapped = plain.step_time - plain.time["exposed_fsdp_comm"] + alone.time["exposed_fsdp_comm"]

@@ -38,7 +38,8 @@ from meshforge.errors import ConfigError
 from meshforge.plan import comm
 from meshforge.plan.estimate import Estimate, estimate
 from meshforge.plan.hardware import HardwareProfile
-from meshforge.plan.layout import Layout
+from meshforge.plan.layout import Layout, layout_args
+from meshforge.plan.memory import STATE_BYTES, local_param_numel, rank_parts
 
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 MTBF_GPU_HOURS = LLAMA3_DAYS * 24 * LLAMA3_GPUS / LLAMA3_INTERRUPTIONS  # 50,677 GPU-hours (~5.8 years) per GPU
@@ -91,10 +92,17 @@ def step_cost(layout: Layout, hw: HardwareProfile, quorum_s: float = QUORUM_SECO
     plain = estimate(layout, hw)
     group = estimate(replace(layout, dp_replicate=1), hw)  # FSDP / TP / PP / CP inside one group, same local batch
     link = comm.axis_link(layout, ("dp_replicate",), hw)
-    allreduce = comm.all_reduce(group.memory.gradients * GIB, layout.dp_replicate, link)
+    allreduce = comm.all_reduce(gradient_shard_bytes(layout), layout.dp_replicate, link)
     hsdp, inside = plain.time["exposed_fsdp_comm"], group.time["exposed_fsdp_comm"]
     ft = plain.step_time - hsdp + inside + allreduce + quorum_s
     return StepCost(plain.step_time, ft, allreduce, hsdp, inside, quorum_s), group
+
+
+def gradient_shard_bytes(layout: Layout) -> float:
+    """One rank's sharded fp32 gradients (what torchft's Manager all-reduces across the groups); from the parameter
+    count, not the memory peak, which may hold none of them (plan/peak.py)."""
+    args = layout_args(layout)
+    return local_param_numel(args, layout, rank_parts(args, layout, 0)) * STATE_BYTES["grads"]
 
 
 def recovery_s(group: Estimate, layout: Layout, hw: HardwareProfile) -> float:

@@ -45,6 +45,7 @@ PREDICTION_SOURCES = (
     "parallel/pipeline/split.py",
     "parallel/expert_rules.py",
     "parallel/composability.py",
+    "parallel/composability_measured.py",
     "model/flavors.py",
 )
 """Modules under src/meshforge whose code moves a prediction or a fit. What else importing the planner loads (the
