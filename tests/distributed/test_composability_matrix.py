@@ -59,12 +59,27 @@ def run_one(overrides: list[str]) -> tuple[str, Any]:
         clear_dtensor_caches()
 
 
-def run_batch(jobs: list[tuple[str, list[str], int]]) -> list[tuple[str, str, Any]]:
+def job_port(folder: str, index: int) -> int:
+    """A free port for job ``index``, chosen by rank 0 just before the job (ports picked at launch were taken by
+    other processes minutes later: EADDRINUSE) and read by every rank from ``folder``."""
+    path = Path(folder) / f"port{index}"
+    if os.environ.get("RANK") == "0":
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(free_port()))
+        tmp.rename(path)
+    deadline = time.monotonic() + 600
+    while not path.exists():
+        assert time.monotonic() < deadline, f"rank 0 gave no port for job {index}"
+        time.sleep(0.01)
+    return int(path.read_text())
+
+
+def run_batch(jobs: list[tuple[str, list[str], str]]) -> list[tuple[str, str, Any]]:
     """Inside a rank: the jobs one after another, each on its own port; a crash names its job."""
     out = []
     log = os.environ.get("MESHFORGE_MATRIX_LOG") if os.environ.get("RANK") == "0" else None
-    for name, overrides, port in jobs:
-        os.environ["MASTER_PORT"] = str(port)
+    for index, (name, overrides, folder) in enumerate(jobs):
+        os.environ["MASTER_PORT"] = str(job_port(folder, index))
         start = time.perf_counter()
         try:
             status, detail = run_one(overrides)
@@ -80,7 +95,8 @@ def run_batch(jobs: list[tuple[str, list[str], int]]) -> list[tuple[str, str, An
 def launch(world: int, jobs: dict[str, list[str]]) -> dict[str, tuple[str, Any]]:
     """The jobs on ``world`` forked ranks (launcher._child); the first rank's error ends every rank at once. Every
     rank must see the same outcome of every job (a refusal on one rank alone leaves the others in a collective)."""
-    batch = [(name, args, free_port()) for name, args in jobs.items()]
+    folder = tempfile.mkdtemp(prefix="meshforge-matrix-ports-")
+    batch = [(name, args, folder) for name, args in jobs.items()]
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_child, args=(run_batch, r, world, free_port(), queue, (batch,))) for r in range(world)]
