@@ -92,7 +92,11 @@ class BenchRun:
         float8 = "Float8 (emulated)" if self.overrides.get("quantize.dense.float8.emulate") else "Float8"
         for flag, on in (("compile", self.compile), (float8, self.float8), ("async TP", self.async_tp)):
             text += f" + {flag}" if on else ""
-        return text
+        chunks = int(self.overrides.get("training.loss_chunks", 1))
+        levers = [f"chunked loss {chunks}"] if chunks > 1 else []
+        levers += ["activation offload"] if self.overrides.get("activation_checkpoint.offload") else []
+        levers += ["CPU offload"] if self.overrides.get("training.enable_cpu_offload") else []
+        return text + "".join(f" + {lever}" for lever in levers)
 
     def _axes(self) -> list[tuple[str, int]]:
         shard = "FSDP" if self.dp_replicate == 1 else "shard"
@@ -167,6 +171,9 @@ class BenchMatrix:
             "microbatch_size": int(keys.get("parallelism.pipeline_parallel_microbatch_size", 1)),
             "float8_emulate": bool(run.float8 and keys.get("quantize.dense.float8.emulate", False)),
             "fault_tolerance": run.fault_tolerance,
+            "loss_chunks": int(keys.get("training.loss_chunks", 1)),
+            "activation_offload": bool(keys.get("activation_checkpoint.offload", False)),
+            "cpu_offload": bool(keys.get("training.enable_cpu_offload", False)),
         }
 
     def timeout_of(self, run: BenchRun) -> int:
