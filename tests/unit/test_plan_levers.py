@@ -106,3 +106,22 @@ def test_cpu_offload_without_fsdp_is_refused_as_training_refuses_it() -> None:
     layout = planned(["--training.enable_cpu_offload"], world=1)
     with pytest.raises(ConfigError, match="needs FSDP"):
         check_layout(layout, layout_args(layout))
+
+
+def test_offloads_must_fit_the_hosts_memory_per_gpu() -> None:
+    """FSDP CPU offload of 405B over 8 ranks puts ~810 GB of fp32 state on each GPU's share of the host (a DGX node has
+    2 TB for 8 GPUs): the lever search does not call that fitting; 70B's ~140 GB per GPU does fit."""
+    from meshforge.plan.lever_search import fitting_lever
+
+    h100 = load_hardware("h100")
+    usable = h100.spec.memory_gib - h100.spec.runtime_gib
+    for flavor, fits_host in (("405B", False), ("70B", True)):
+        layout = planned(["--model.flavor", flavor, "--training.local_batch_size", "1"])
+        rescued = fitting_lever(layout_args(layout), layout, h100, usable)
+        if not fits_host:
+            assert rescued is None, rescued.describe() if rescued else ""
+            off = dataclasses.replace(layout, cpu_offload=True, loss_chunks=8, activation_offload=True)
+            assert memory(layout_args(layout), off, h100).host > levers.host_memory_gib(h100)
+        else:
+            assert rescued is not None and rescued.cpu_offload, layout.describe()
+            assert memory(layout_args(layout), rescued, h100).host <= levers.host_memory_gib(h100)

@@ -20,7 +20,8 @@ from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
 from meshforge.plan.lever_search import fitting_lever
-from meshforge.plan.levers import device_state_numel, effective
+from meshforge.plan.levers import device_state_numel, effective, host_memory_gib
+from meshforge.plan.levers import offloads_apply as levers_apply
 from meshforge.plan.memory import STATE_BYTES, local_param_numel, rank_parts
 from meshforge.plan.peak import memory, rank_memory
 from meshforge.plan.prune import needed_estimates
@@ -202,7 +203,7 @@ def search(
             admitted = fitting_lever(args, layout, hw, usable)
         if admitted is None:
             deferred += [layout] if layout.pp > 1 else []
-            too_big |= set() if state_fits else {shape}
+            too_big |= set() if state_fits or offload_may_hold(args, layout, hw) else {shape}
         elif prune_by is not None:
             passed.append(admitted)
         else:
@@ -238,6 +239,15 @@ def fits(args: ModelArgs, layout: Layout, hw: HardwareProfile, usable: float) ->
         return rank_memory(args, layout, hw, 0).peak <= usable and memory(args, layout, hw).peak <= usable
     except ConfigError:
         return False
+
+
+def offload_may_hold(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> bool:
+    """Whether FSDP CPU offload could hold this shape's model state: offloads move memory on this hardware and rank 0's
+    fp32 state fits the host's share per GPU (levers.host_memory_gib). Where it could, a shape whose state does not
+    fit the device stays open: another AC mode or microbatch of it may fit with the offload."""
+    numel = local_param_numel(args, layout, rank_parts(args, layout, 0))
+    host = numel * sum(STATE_BYTES.values()) / GIB
+    return levers_apply(hw) and host <= host_memory_gib(hw)
 
 
 def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:

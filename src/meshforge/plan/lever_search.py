@@ -18,13 +18,17 @@ LEVER_TIME_KEYS = ("chunked_loss_recompute", "activation_offload_copies", "cpu_o
 
 
 def fitting_lever(args: ModelArgs, layout: Layout, hw: HardwareProfile, usable: float) -> Layout | None:
-    """The first variant of ``layout`` on the levers' ladder whose peak fits ``usable`` GiB, or None."""
+    """The first variant of ``layout`` on the levers' ladder whose peak fits ``usable`` GiB on the device and whose
+    offloaded bytes fit the host's share per GPU (levers.host_memory_gib), or None."""
     for variant in levers.ladder(layout, hw):
         try:
             check_layout(variant, args)
         except ConfigError:
             continue
-        if rank_memory(args, variant, hw, 0).peak <= usable and memory(args, variant, hw).peak <= usable:
+        if rank_memory(args, variant, hw, 0).peak > usable:
+            continue
+        peak = memory(args, variant, hw)
+        if peak.peak <= usable and peak.host <= levers.host_memory_gib(hw):
             return variant
     return None
 

@@ -40,6 +40,11 @@ ACTIVATION_OFFLOAD_OVERLAP = 0.0
 HOST_OPTIMIZER_BANDWIDTH = 20e9
 """Bytes/s one rank's host-side AdamW (torch foreach on CPU) moves: a 2-socket host's ~600 GB/s DRAM shared by 8
 ranks, of which a torch CPU optimizer reaches about a third (assumed, not measured)."""
+HOST_MEMORY_BYTES = {"a100": 1e12 / 8}
+"""Host memory per GPU that offloads may fill: DGX A100's 1 TB system memory over 8 GPUs (datasheet)."""
+DEFAULT_HOST_MEMORY_BYTES = 2e12 / 8
+"""DGX H100 / H200 / B200: 2 TB system memory over 8 GPUs (datasheets); the OS and data loaders' share is not
+subtracted, so a layout near this bound is optimistic."""
 SHARD_BYTES = 4  # fp32 sharded parameters copied host-to-device before each all-gather, fp32 gradients back
 
 LEVER_NAMES = {"loss_chunks": "chunked loss", "activation_offload": "activation offload", "cpu_offload": "CPU offload"}
@@ -71,6 +76,13 @@ def device_saved(layout: Layout, saved: float, per_layer: float) -> float:
     """Saved-activation bytes on the device at the peak: all of them, or under activation offload the one block whose
     backward has them back (the chunked loss's share is plan/peak.py's loss term, / N)."""
     return min(saved, per_layer) if layout.activation_offload else saved
+
+
+def host_memory_gib(hw: HardwareProfile) -> float:
+    """GiB of host memory one GPU's rank may hold offloaded (FSDP CPU offload's state, activation offload's saves)."""
+    from meshforge.plan.hardware import GIB
+
+    return HOST_MEMORY_BYTES.get(hw.spec.name, DEFAULT_HOST_MEMORY_BYTES) / GIB
 
 
 def device_state_numel(layout: Layout, numel: int) -> int:

@@ -65,7 +65,7 @@ class MemoryBreakdown:
     phase: str = "loss"
     """Which instant of the step the peak is (module docstring)."""
     host: float = 0.0
-    """GiB held in host memory instead (FSDP CPU offload's state; not in the peak)."""
+    """GiB held in host memory instead (FSDP CPU offload's state, activation offload's saves; not in the peak)."""
 
     @property
     def peak(self) -> float:
@@ -102,7 +102,7 @@ class PeakTerms:
     buffers: float
     phase: str
     host: float = 0.0
-    """Bytes of fp32 state held on the host (FSDP CPU offload), not in the total."""
+    """Bytes held on the host (FSDP CPU offload's fp32 state, activation offload's saves), not in the total."""
 
     @property
     def total(self) -> float:
@@ -144,12 +144,13 @@ def rank_allocated(args: ModelArgs, layout: Layout, rank: int) -> PeakTerms:
     per_layer = (saved_bytes_per_token(view, layout) + routed_bytes_per_token(args, layout)) * tokens
     mean_stage = parts.layers / max(1, len(parts.stage_layers))
     # activation offload: the device keeps what one block's backward has brought back (plan/levers.py)
-    saved = levers.device_saved(layout, schedules.in_flight(layout, rank) * mean_stage * per_layer, per_layer)
+    all_saved = schedules.in_flight(layout, rank) * mean_stage * per_layer
+    saved = levers.device_saved(layout, all_saved, per_layer)
     transient = transient_bytes_per_token(view, layout) * tokens
     loss = loss_bytes(args, layout, tokens) if parts.head else 0.0
     g = _gathered(args, layout, parts)
     device = levers.device_state_numel(layout, numel)  # CPU offload: the fp32 state lives on the host
-    host = (numel - device) * sum(STATE_BYTES.values())
+    host = (numel - device) * sum(STATE_BYTES.values()) + all_saved - saved  # the offloads' host bytes
     params, opt = device * STATE_BYTES["params"], device * STATE_BYTES["optimizer"]
     if layout.pp > 1:
         act = saved + max(transient, loss)
