@@ -94,3 +94,20 @@ def test_pipeline_stage_holds_the_schedules_in_flight_microbatches() -> None:
     assert any("pipeline rank 1" in n for n in notes), notes
     per_microbatch = gpipe["activations"] - one_f_one_b["activations"]
     assert per_microbatch > 0.5 * one_f_one_b["activations"] / 2, (gpipe, one_f_one_b)
+
+
+def test_activation_offload_moves_saved_activations_to_the_host() -> None:
+    """Activation offload in the fake run: the saved activations leave the device peak (each comes back only for its
+    backward) and are counted on the host; the rest of the step is the same."""
+    cfg = small(["--activation_checkpoint.mode", "none"])
+    args = dataclasses.replace(resolve_model_args(cfg.model, cfg.training.seq_len), n_layers=2)
+    dims = ParallelDims.from_config(cfg.parallelism, 2)
+    base = fake_cpu_peak(cfg, 2, args, dims)
+    offload_cfg = dataclasses.replace(
+        cfg, activation_checkpoint=dataclasses.replace(cfg.activation_checkpoint, offload=True)
+    )
+    got = fake_cpu_peak(offload_cfg, 2, args, dims)
+    device = {k: v for k, v in got.items() if not k.startswith("host_")}
+    assert got["host_activations_saved"] > 0 and "host_activations_saved" not in base
+    assert sum(device.values()) < sum(base.values()), (got, base)
+    assert got["host_activations_saved"] >= sum(base.values()) - sum(device.values()), (got, base)

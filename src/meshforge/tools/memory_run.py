@@ -85,7 +85,7 @@ class MemoryRun:
 
     @property
     def host_bytes(self) -> int:
-        """Bytes FSDP CPU offload keeps on the host (0 without it)."""
+        """Bytes the offloads keep on the host (FSDP CPU offload's state, activation offload's saves; 0 without)."""
         return sum(v for k, v in self.by_category.items() if k.startswith(HOST))
 
     def record(self) -> dict[str, Any]:
@@ -238,9 +238,11 @@ def tracked_steps(
     chunked = cfg.training.loss_chunks > 1
     model.loss_chunks = cfg.training.loss_chunks  # type: ignore[assignment]
 
+    offload = OffloadModel()
+
     def forward_backward() -> None:
         optimizer.zero_grad(set_to_none=True)
-        with loss_parallel_context(loss_parallel):
+        with loss_parallel_context(loss_parallel), offload.hooks(cfg.activation_checkpoint.offload):
             loss = model(inputs, positions, labels) if chunked else cross_entropy(model(inputs, positions), labels)
             loss.backward()
 
@@ -251,15 +253,44 @@ def tracked_steps(
         tracker.track_inputs((inputs, labels))
     host = frozenset(HOST_UNDER_OFFLOAD if cfg.training.enable_cpu_offload else ())
     device_peak = track_device_peak(tracker, host)
+    offload.peak = 0
     with tracker:
         forward_backward()
         after = tracker.get_tracker_snapshot()  # the host side once every gradient shard arrived
     snapshot = tracker.get_tracker_snapshot("peak")
     assert len(snapshot) == 1, f"one device expected, tracker saw {list(snapshot)}"
+    saved = {f"{HOST}activations_saved": offload.peak} if cfg.activation_checkpoint.offload else {}
     if not host:
-        return categorize(next(iter(snapshot.values())))
+        return categorize(next(iter(snapshot.values()))) | saved
     on_device = {k: v for k, v in categorize(device_peak["snapshot"], host).items() if not k.startswith(HOST)}
-    return on_device | {k: v for k, v in categorize(next(iter(after.values())), host).items() if k.startswith(HOST)}
+    after_host = {k: v for k, v in categorize(next(iter(after.values())), host).items() if k.startswith(HOST)}
+    return on_device | after_host | saved
+
+
+@dataclass
+class OffloadModel:
+    """Activation offload (``activation_checkpoint.offload``, torch's ``save_on_cpu``) on the fake device, where host
+    and device are one: each saved tensor is dropped at pack (its bytes counted as held on the host) and allocated
+    again at unpack, when backward brings it back, as save_on_cpu's copy to the device is."""
+
+    live: int = 0
+    peak: int = 0
+
+    def pack(self, t: torch.Tensor) -> tuple[Any, ...]:
+        nbytes = t.numel() * t.element_size()
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        return (t.shape, t.stride(), t.dtype, t.device, nbytes)
+
+    def unpack(self, saved: tuple[Any, ...]) -> torch.Tensor:
+        shape, stride, dtype, device, nbytes = saved
+        self.live -= nbytes
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+    def hooks(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+        if not enabled:
+            return contextlib.nullcontext()
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
 def probe_layers(n_layers: int) -> tuple[int, ...]:
@@ -331,6 +362,6 @@ def format_memory(run: MemoryRun) -> str:
         lines.append(f"  {key:<22} {value / GIB:>8.2f} GiB")
     lines.append(f"  {'peak':<22} {run.peak_bytes / GIB:>8.2f} GiB (tensors only: no CUDA context, NCCL, rounding)")
     if run.host_bytes:
-        lines.append(f"  {'on the host':<22} {run.host_bytes / GIB:>8.2f} GiB (FSDP CPU offload: off the device)")
+        lines.append(f"  {'on the host':<22} {run.host_bytes / GIB:>8.2f} GiB (offloaded: off the device)")
     lines += [f"note: {n}" for n in run.notes]
     return "\n".join(lines)
