@@ -35,9 +35,8 @@ from meshforge.tools.memory_run import (
     build_tracker,
     categorize,
     cross_entropy,
-    extrapolate,
     fake_tensors,
-    probe_layers,
+    probed_run,
 )
 
 
@@ -92,17 +91,16 @@ def pp_memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: Parall
     stage_dims = ParallelDims.from_config(stage_cfg.parallelism, stage_world)
     runs = []
     for plan in stage_plans(cfg, args):
-        probes = probe_layers(plan.layers)
-        peaks = []
-        for n in probes:
+
+        def trace(n: int, plan: StagePlan = plan) -> dict[str, int]:
             probe_args = dataclasses.replace(args, n_layers=n)
             with fake_world(stage_world):
                 mesh = stage_dims.build_mesh("cpu")
                 model = build_step_model(stage_cfg, stage_dims, mesh, probe_args, stage=(plan.first, plan.last))
                 with fake_tensors():
-                    peaks.append(tracked_stage(stage_cfg, model, mesh, probe_args, plan))
-        by = peaks[0] if len(probes) == 1 else extrapolate(peaks[1], peaks[2], probes[1], probes[2], plan.layers)
-        runs.append((plan, MemoryRun(plan.layers, probes, by)))
+                    return tracked_stage(stage_cfg, model, mesh, probe_args, plan)
+
+        runs.append((plan, probed_run(plan.layers, trace)))
     plan, run = max(runs, key=lambda r: r[1].peak_bytes)
     run.notes += [describe(p, r) for p, r in runs]
     return run

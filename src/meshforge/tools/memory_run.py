@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,19 +317,25 @@ def memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelD
         from meshforge.tools.memory_pp import pp_memory_run
 
         return pp_memory_run(cfg, world_size, args, dims)
-    probes = probe_layers(args.n_layers)
-    peaks = []
-    for n in probes:
+
+    def trace(n: int) -> dict[str, int]:
         probe_args = dataclasses.replace(args, n_layers=n)
         with fake_world(world_size):
             mesh = dims.build_mesh("cpu")
             model = build_step_model(cfg, dims, mesh, probe_args)
             with fake_tensors():
-                peaks.append(tracked_steps(cfg, model, mesh, probe_args))
+                return tracked_steps(cfg, model, mesh, probe_args)
+
+    return probed_run(args.n_layers, trace)
+
+
+def probed_run(layers: int, trace: Callable[[int], dict[str, int]]) -> MemoryRun:
+    """``trace`` (bytes by category of a model with n blocks) at the probe block counts, extrapolated to ``layers``."""
+    probes = probe_layers(layers)
+    peaks = [trace(n) for n in probes]
     if len(probes) == 1:
-        return MemoryRun(args.n_layers, probes, peaks[0])
-    by_category = extrapolate(peaks[1], peaks[2], probes[1], probes[2], args.n_layers)
-    run = MemoryRun(args.n_layers, probes, by_category)
+        return MemoryRun(layers, probes, peaks[0])
+    run = MemoryRun(layers, probes, extrapolate(peaks[1], peaks[2], probes[1], probes[2], layers))
     if extrapolate(peaks[0], peaks[1], probes[0], probes[1], probes[2]) != peaks[2]:
         run.notes.append(f"the {probes} block probes are not affine in the block count: the scaling is approximate")
     return run
