@@ -4,7 +4,9 @@
   cross-entropy's temporaries: memory.py's loss term) shrink to one chunk's, / N; the cost is one more forward of the
   output projection per token in backward (the recompute): 2 x dim x vocab / tp FLOPs per token.
 * activation offload (``activation_checkpoint.offload``): the saved activations go to host memory in forward and
-  come back in backward; the device keeps what one block's backward has brought back. Each saved byte crosses the
+  come back in backward; the device keeps what one block's backward has brought back, and per-op SAC's cached op
+  outputs, which the checkpoint's own saved-tensor hooks hold on the device (memory.offload_kept_bytes_per_token;
+  full AC's block inputs and a block without AC move whole). Each moved byte crosses the
   host link twice per step; meshforge copies on the compute stream (parallel/activation_offload.py), so no overlap
   is credited (``ACTIVATION_OFFLOAD_OVERLAP``).
 * FSDP CPU offload (``training.enable_cpu_offload``): parameters, gradients and optimizer states (16 B per local
@@ -72,10 +74,13 @@ def host_link(hw: HardwareProfile) -> float:
     return HOST_LINK_BANDWIDTH.get(hw.spec.name, DEFAULT_HOST_LINK_BANDWIDTH)
 
 
-def device_saved(layout: Layout, saved: float, per_layer: float) -> float:
-    """Saved-activation bytes on the device at the peak: all of them, or under activation offload the one block whose
-    backward has them back (the chunked loss's share is plan/peak.py's loss term, / N)."""
-    return min(saved, per_layer) if layout.activation_offload else saved
+def device_saved(layout: Layout, saved: float, per_layer: float, kept: float, kept_layer: float) -> float:
+    """Saved-activation bytes on the device at the peak: all ``saved`` of them, or under activation offload the ones
+    offload cannot move (``kept``: per-op SAC's cached outputs, memory.offload_kept_bytes_per_token) and the moved part
+    of the one block whose backward has them back (the chunked loss's share is plan/peak.py's loss term, / N)."""
+    if not layout.activation_offload:
+        return saved
+    return kept + min(per_layer - kept_layer, saved - kept)
 
 
 def host_memory_gib(hw: HardwareProfile) -> float:
@@ -96,7 +101,12 @@ def lever_times(
     """Seconds per step each active lever adds on the busiest rank (``compute``: its compute seconds per step).
     Under CPU offload the ``optimizer`` entry replaces estimate.py's device-side optimizer step."""
     from meshforge.plan.estimate import OPTIMIZER_TRAFFIC_PER_PARAM, exposed
-    from meshforge.plan.memory import compute_view, routed_bytes_per_token, saved_bytes_per_token
+    from meshforge.plan.memory import (
+        compute_view,
+        offload_kept_bytes_per_token,
+        routed_bytes_per_token,
+        saved_bytes_per_token,
+    )
 
     m = layout.num_microbatches
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
@@ -105,7 +115,8 @@ def lever_times(
         out["chunked_loss_recompute"] = m * 2 * tokens * args.dim * args.vocab_size / layout.tp / r.head_matmul
     if layout.activation_offload and offloads_apply(hw):
         view = compute_view(args, layout.tp, layout.ep)
-        per_layer = (saved_bytes_per_token(view, layout) + routed_bytes_per_token(args, layout)) * tokens
+        saved = saved_bytes_per_token(view, layout) - offload_kept_bytes_per_token(view, layout)
+        per_layer = (saved + routed_bytes_per_token(args, layout)) * tokens  # what offload moves (SAC's cache stays)
         copy = 2 * m * parts.layers * per_layer / host_link(hw)  # out in forward, back in backward
         out["activation_offload_copies"] = (1 - ACTIVATION_OFFLOAD_OVERLAP) * copy
     if layout.cpu_offload and offloads_apply(hw):

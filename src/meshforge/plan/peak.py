@@ -42,6 +42,7 @@ from meshforge.plan.memory import (
     compute_view,
     gathered_layer_bytes,
     local_param_numel,
+    offload_kept_bytes_per_token,
     part_numel,
     rank_parts,
     routed_bytes_per_token,
@@ -144,8 +145,10 @@ def rank_allocated(args: ModelArgs, layout: Layout, rank: int) -> PeakTerms:
     per_layer = (saved_bytes_per_token(view, layout) + routed_bytes_per_token(args, layout)) * tokens
     mean_stage = parts.layers / max(1, len(parts.stage_layers))
     # activation offload: the device keeps what one block's backward has brought back (plan/levers.py)
-    all_saved = schedules.in_flight(layout, rank) * mean_stage * per_layer
-    saved = levers.device_saved(layout, all_saved, per_layer)
+    blocks = schedules.in_flight(layout, rank) * mean_stage
+    all_saved = blocks * per_layer
+    kept_layer = offload_kept_bytes_per_token(view, layout) * tokens if layout.activation_offload else 0.0
+    saved = levers.device_saved(layout, all_saved, per_layer, blocks * kept_layer, kept_layer)
     transient = transient_bytes_per_token(view, layout) * tokens
     loss = loss_bytes(args, layout, tokens) if parts.head else 0.0
     g = _gathered(args, layout, parts)
