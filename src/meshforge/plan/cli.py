@@ -128,6 +128,14 @@ def run_article(opts: argparse.Namespace) -> int:
                 }
                 for p in held_out
             ],
+            "cross_stack": [
+                {"key": row.key, "setup": row.name, "ac_read_as": mode, "tps_published": row.tflops_per_gpu}
+                | {
+                    "tps_predicted": round(e.tps_per_device, 1),
+                    "tps_error": round(e.tps_per_device / row.tflops_per_gpu - 1, 4),
+                }
+                for row, e, mode in production.predict_cross_stack()
+            ],
         }
         print(json.dumps(out, indent=2))
         return 0
@@ -136,6 +144,7 @@ def run_article(opts: argparse.Namespace) -> int:
     print("\nThe fit to every row (from the neutral start):")
     print(report.format_fit_statistics(stats))
     print("\n" + production.format_held_out(held_out))
+    print("\n" + production.format_cross_stack(production.predict_cross_stack()))
     return 0
 
 
