@@ -210,8 +210,9 @@ def format_held_out(preds: list[HeldOutPrediction]) -> str:
     for p in preds:
         e = p.estimate
         errors.append(abs(p.error))
+        layout = e.layout.describe().replace(" | ", "; ")  # a table cell
         lines.append(
-            f"| {p.row.name} | {p.row.world_size:,} | {e.layout.describe()} | {p.row.tflops_per_gpu:.0f} | "
+            f"| {p.row.name} | {p.row.world_size:,} | {layout} | {p.row.tflops_per_gpu:.0f} | "
             f"{p.tflops_per_gpu:.0f} | {p.error:+.1%} | {e.peak_memory_gib:.1f} | {'yes' if e.fits else 'NO'} |"
         )
     lines.append(f"\nheld-out max |error| {max(errors):.1%} (bar {TOLERANCE:.0%}), median {sorted(errors)[1]:.1%}")
