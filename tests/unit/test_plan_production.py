@@ -42,17 +42,25 @@ def test_cross_stack_rows_encode_the_published_layouts() -> None:
     want = {  # key: tp, pp, stages per rank, cp, dp, global batch
         "megatron.405b_1024": (8, 8, 8, 2, 8, 512),
         "megatron.70b_64": (4, 8, 5, 1, 2, 128),
-        "megatron.8b_8": (1, 1, 1, 1, 8, 8),
+        "megatron.8b_8": (1, 1, 1, 1, 8, 128),
     }
-    preds = production.predict_cross_stack()
+    h100 = load_hardware("h100")
+    preds = production.predict_cross_stack(h100)
     assert [r.key for r, _, _ in preds] == list(want)
     for row, est, mode in preds:
         lay = est.layout
         dp = lay.dp_shard * lay.dp_replicate
-        got = (lay.tp, lay.pp, lay.stages_per_rank if lay.pp > 1 else 1, lay.cp, dp, dp * lay.local_batch_size)
+        got = (
+            lay.tp,
+            lay.pp,
+            lay.stages_per_rank if lay.pp > 1 else 1,
+            lay.cp,
+            dp,
+            dp * lay.local_batch_size * lay.grad_accum,
+        )
         assert got == want[row.key] and lay.world_size == row.world_size, (row.key, got)
         assert est.fits
         faster = production.AC_MODES[: production.AC_MODES.index(mode)]
         for other in faster:
             cfg = load_config(None, [*row.overrides, "--activation_checkpoint.mode", other])
-            assert not estimate(layout_from_config(cfg, row.world_size, impl="torchtitan"), load_hardware("h100")).fits
+            assert not estimate(layout_from_config(cfg, row.world_size, impl="torchtitan"), h100).fits

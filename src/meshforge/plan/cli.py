@@ -129,10 +129,10 @@ def run_article(opts: argparse.Namespace) -> int:
                 for p in held_out
             ],
             "cross_stack": [
-                {"key": row.key, "setup": row.name, "ac_read_as": mode, "tps_published": row.tflops_per_gpu}
+                {"key": row.key, "setup": row.name, "ac_read_as": mode, "tps_published": row.tps_per_gpu}
                 | {
                     "tps_predicted": round(e.tps_per_device, 1),
-                    "tps_error": round(e.tps_per_device / row.tflops_per_gpu - 1, 4),
+                    "tps_error": round(e.tps_per_device / row.tps_per_gpu - 1, 4),
                 }
                 for row, e, mode in production.predict_cross_stack()
             ],
