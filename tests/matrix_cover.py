@@ -6,7 +6,7 @@ A layout stands for the table's parallelism rows it turns on (``ROWS``); a table
 cover holds every allowed t-tuple of factor values, a row standing for its layout (so every (row, feature value)
 cell a job can reach is in some job). Pairs that cannot be run are ``forbidden``: EP needs an MoE model, the cells
 the table refuses (each gets its own refusal job instead) and chunked loss under TP / PP (refused by
-model/chunked_loss.py at set-up while the levers work makes it run; those cells stay as the table has them).
+model/loss.py at set-up while the levers work makes it run; those cells stay as the table has them).
 """
 
 from __future__ import annotations

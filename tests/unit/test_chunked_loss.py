@@ -1,4 +1,4 @@
-"""Chunked loss (model/chunked_loss.py): the same loss and gradients as the full-logits loss."""
+"""Chunked loss (model/loss.py): the same loss and gradients as the full-logits loss."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_chunked_loss_and_grads_match_full_logits(chunks: int) -> None:
 
 def test_ignored_labels_are_left_out_of_the_mean() -> None:
     """Labels equal to -100 (F.cross_entropy's ignore_index) count in neither the sum nor the token count."""
-    from meshforge.model.chunked_loss import IGNORE_INDEX, chunked_cross_entropy
+    from meshforge.model.loss import IGNORE_INDEX, chunked_cross_entropy
 
     torch.manual_seed(0)
     head, hidden = torch.nn.Linear(16, 50), torch.randn(2, 12, 16)
@@ -54,7 +54,7 @@ def test_ignored_labels_are_left_out_of_the_mean() -> None:
 def test_no_chunk_logits_are_kept_for_backward() -> None:
     """What the forward saves for backward (seen by a saved-tensors hook outside the chunks' recomputation) holds no
     logits: each chunk's are recomputed in backward, so the full (tokens x vocab) tensor never exists."""
-    from meshforge.model.chunked_loss import chunked_cross_entropy
+    from meshforge.model.loss import chunked_cross_entropy
 
     vocab, saved = 512, []
 

@@ -104,7 +104,7 @@ class Training:
     """Skip the update of up to this many steps whose loss or grad norm is NaN/Inf; the next one stops the run."""
     loss_chunks: int = 1
     """Output projection + cross-entropy over this many token chunks, each chunk's logits recomputed in backward
-    (the full tokens x vocab logits never exist; model/chunked_loss.py). 1: off."""
+    (the full tokens x vocab logits never exist; model/loss.py). 1: off."""
     enable_cpu_offload: bool = False
     """FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host memory (pinned on CUDA),
     the optimizer step on the host (parallel/cpu_offload.py). Needs FSDP; a no-op for memory on a CPU-only machine."""

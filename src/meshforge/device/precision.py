@@ -7,8 +7,12 @@ than float32. Any explicit choice is used as given.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import torch
 
+from meshforge.device.dtypes import DTYPES
 from meshforge.device.peak import faster_cpu_dtype
 
 
@@ -20,3 +24,11 @@ def resolve_param_dtype(requested: str, device: torch.device) -> tuple[str, str]
         name, why = faster_cpu_dtype()
         return name, f"auto: the faster on this CPU ({why})"
     return "bfloat16", f"auto: bfloat16 on {device.type}"
+
+
+def autocast_context(dtype: str, device: torch.device, *, fsdp_enabled: bool) -> contextlib.AbstractContextManager[Any]:
+    """Without FSDP nobody casts parameters: use autocast for bf16/fp16 runs (``dtype``: the resolved
+    ``training.mixed_precision_param``)."""
+    if fsdp_enabled or dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[dtype])

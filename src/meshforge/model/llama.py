@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshforge.errors import ConfigError
-from meshforge.model.chunked_loss import chunked_cross_entropy
 from meshforge.model.document_mask import DocumentMask, build_document_mask, masked_attention
 from meshforge.model.flavors import ModelArgs
+from meshforge.model.loss import chunked_cross_entropy
 from meshforge.model.moe import MoE
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
@@ -180,7 +180,7 @@ class Transformer(nn.Module):
 
         positions: the global position of each token (seq,) when the sequence is split (context parallel), or
         with ``document_mask`` each token's position in its document (batch, seq).
-        labels: with ``loss_chunks`` > 1 the loss is returned instead of the logits (model/chunked_loss.py).
+        labels: with ``loss_chunks`` > 1 the loss is returned instead of the logits (model/loss.py).
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         seq = tokens.shape[1]  # from the input, not h: under sequence parallel h may be a local shard

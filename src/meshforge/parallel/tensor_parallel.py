@@ -8,14 +8,13 @@ Plans are literal dicts, one for the model's root modules and one per transforme
 * sequence parallel (on by default): the residual stream and the norms are split along the sequence (``Shard(1)``);
   the inputs of attention and feed-forward are all-gathered, their row-wise outputs reduce-scattered;
 * loss parallel (on unless ``parallelism.disable_loss_parallel``): the output projection leaves the logits
-  vocab-sharded (``Shard(-1)``) and the cross-entropy runs inside :func:`loss_parallel_context`;
+  vocab-sharded (``Shard(-1)``) and the cross-entropy runs inside model/loss.py's ``loss_parallel_context``;
 * Float8 (tensorwise) blocks use torchao's Float8 styles, so the all-gathers of activations move Float8 bytes;
 * async TP lets inductor overlap the TP collectives with the matmuls (CUDA symmetric memory, needs compile).
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from typing import Any
 
@@ -29,7 +28,6 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
-    loss_parallel,
     parallelize_module,
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
@@ -230,8 +228,3 @@ def _all_linears_float8(block: nn.Module) -> bool:
     float8_linear = torchao("torchao.float8.float8_linear").Float8Linear
     linears = [m for m in block.modules() if isinstance(m, nn.Linear)]
     return bool(linears) and all(isinstance(m, float8_linear) for m in linears)
-
-
-def loss_parallel_context(enabled: bool) -> contextlib.AbstractContextManager[Any]:
-    """Around the loss and its backward: cross-entropy on vocab-sharded logits without gathering them."""
-    return loss_parallel() if enabled else contextlib.nullcontext()

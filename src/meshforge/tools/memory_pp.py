@@ -7,7 +7,7 @@ prunes a stage: the embedding only on the first rank, norm + output + loss only 
 training does on one pipeline rank's sub-mesh (FSDP with resharding off, as under PP), fed one microbatch
 (``pipeline_parallel_microbatch_size`` sequences) at a time. The tracked window is the schedule's peak: as many
 forwards held as the rank has stage-microbatches in flight (counted in the schedule's own order by
-parallel/pipeline/simulator.py, as plan/schedules.py counts them; divided by the rank's stages for an interleaved
+parallel/pipeline/simulator.py, as plan/physics/schedules.py counts them; divided by the rank's stages for an interleaved
 schedule, whose forwards each run one stage's blocks while this module runs all the rank's), then the first one's
 backward. One
 untracked microbatch before it runs forward + backward without gradient sync, so the unsharded gradients accumulate
@@ -24,9 +24,9 @@ import torch
 
 from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import ModelArgs
+from meshforge.model.loss import cross_entropy, loss_parallel_context
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
-from meshforge.parallel.tensor_parallel import loss_parallel_context
 from meshforge.tools.memory_run import (
     GIB,
     MemoryRun,
@@ -34,7 +34,6 @@ from meshforge.tools.memory_run import (
     build_step_model,
     build_tracker,
     categorize,
-    cross_entropy,
     fake_tensors,
     probed_run,
 )

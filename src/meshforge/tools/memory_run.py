@@ -32,17 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.llama import build_model
+from meshforge.model.loss import cross_entropy, loss_parallel_context
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.parallelize import parallelize
-from meshforge.parallel.tensor_parallel import loss_parallel_context
 
 GIB = 2**30
 # torch tracker category (value string) -> our category; activation categories start with "activations"
@@ -110,11 +109,6 @@ class MemoryRun:
             f"traced {', '.join(map(str, self.probes))} blocks, each category extrapolated linearly from {n1} and {n2} "
             f"to {self.layers}"
         )
-
-
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """train/loop.py's loss (tools sit below train): mean token cross-entropy in float32."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
 def categorize(snapshot: dict[Any, int], host: frozenset[str] = frozenset()) -> dict[str, int]:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -27,10 +26,12 @@ from meshforge.device.collectives import to_collective_device
 from meshforge.device.determinism import enable_determinism
 from meshforge.device.dtypes import DTYPES
 from meshforge.device.peak import device_peak_flops
+from meshforge.device.precision import autocast_context as autocast
 from meshforge.device.precision import resolve_param_dtype
 from meshforge.device.transfer import to_device
 from meshforge.model.flavors import ModelArgs, flops_per_token, model_args_for
 from meshforge.model.llama import build_model, check_trainable
+from meshforge.model.loss import cross_entropy, loss_parallel_context
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
 from meshforge.observability.logs import launcher_rank, rank_logging
 from meshforge.observability.metrics import MetricsLogger, logging_ranks
@@ -44,7 +45,6 @@ from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales, resolve_emulation
 from meshforge.parallel.parallelize import parallelize
-from meshforge.parallel.tensor_parallel import loss_parallel_context
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
 from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, saved_global_batch
 from meshforge.train.fault_tolerance import FaultTolerance, data_shard
@@ -241,17 +241,9 @@ def build_metrics(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, args: Mo
     )
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy in float32: logits (batch, seq, vocab), labels (batch, seq)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
-
-
 def autocast_context(state: TrainState) -> contextlib.AbstractContextManager[Any]:
-    """Without FSDP nobody casts parameters: use autocast for bf16/fp16 runs."""
-    dtype = state.cfg.training.mixed_precision_param
-    if state.dims.fsdp_enabled or dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(state.ctx.device.type, dtype=DTYPES[dtype])
+    """Without FSDP nobody casts parameters: use autocast for bf16/fp16 runs (device/precision.py)."""
+    return autocast(state.cfg.training.mixed_precision_param, state.ctx.device, fsdp_enabled=state.dims.fsdp_enabled)
 
 
 def forward_backward(state: TrainState, inputs: torch.Tensor, labels: torch.Tensor, scale: float) -> torch.Tensor:
@@ -268,7 +260,7 @@ def forward_backward(state: TrainState, inputs: torch.Tensor, labels: torch.Tens
             with autocast_context(state):
                 return state.pipeline.step(inputs, labels, scale, positions)
         with autocast_context(state):
-            chunked = state.cfg.training.loss_chunks > 1  # the model returns the loss (model/chunked_loss.py)
+            chunked = state.cfg.training.loss_chunks > 1  # the model returns the loss (model/loss.py)
             loss = model(inputs, positions, labels) if chunked else cross_entropy(model(inputs, positions), labels)
         (loss * scale).backward()
     loss = loss.detach()

@@ -19,10 +19,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from meshforge.data.loader import PackedDataLoader, build_dataloader
+from meshforge.device.precision import autocast_context
 from meshforge.errors import ConfigError
+from meshforge.model.loss import cross_entropy, loss_parallel_context
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import sub_mesh
-from meshforge.parallel.tensor_parallel import loss_parallel_context
 
 if TYPE_CHECKING:
     from meshforge.config.schema import JobConfig
@@ -64,13 +65,13 @@ def should_validate(step: int, cfg: JobConfig) -> bool:
 
 def batch_loss(state: TrainState, inputs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None) -> float:
     """Mean loss of this rank's share of one batch (forward only), as the training step computes it."""
-    from meshforge.train.loop import autocast_context, cross_entropy
-
     par = state.cfg.parallelism
     cp_impl = resolve_cp_impl(par.context_parallel_impl, state.ctx.device.type)
     inputs, labels, cp_positions = shard_batch(sub_mesh(state.mesh, "cp"), cp_impl, inputs, labels)
     positions = cp_positions if positions is None else positions
-    with loss_parallel_context(state.dims.tp > 1 and not par.disable_loss_parallel), autocast_context(state):
+    dtype, fsdp = state.cfg.training.mixed_precision_param, state.dims.fsdp_enabled
+    autocast = autocast_context(dtype, state.ctx.device, fsdp_enabled=fsdp)
+    with loss_parallel_context(state.dims.tp > 1 and not par.disable_loss_parallel), autocast:
         if state.pipeline is not None:
             return float(state.pipeline.evaluate(inputs, labels, positions))
         loss = cross_entropy(state.model_parts[0](inputs, positions), labels)

@@ -79,7 +79,7 @@ class Pipeline:
     loss: ScaledLoss
     clock: BusyClock
     theory_idle: float
-    labels_in_forward: bool = False  # chunked loss: the last stage's forward returns the loss (model/chunked_loss.py)
+    labels_in_forward: bool = False  # chunked loss: the last stage's forward returns the loss (model/loss.py)
 
     def stage_kwargs(self, labels: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
         """The keywords every stage's forward gets, split into microbatches with the batch: positions (batch, seq),
