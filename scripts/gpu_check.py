@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from gpu_check_proc import run_job  # noqa: E402  (a sibling script)
+
+LOGS = REPO / "outputs" / "gpu_check" / "logs"
+"""Each check's stdout and stderr (a file, not a pipe)."""
 PROBES = REPO / "scripts" / "gpu_check_probes.py"
 BUDGET_S = 420
 BUDGETS = {
@@ -60,7 +64,7 @@ TORCHTITAN = {
     "table1.fsdp_compile": "Llama 3.1 8B, FSDP 8 x H100 (96 GB, 500 W), bf16 + compile, seq 8192: 6,667 tok/s/GPU",
     "table1.fsdp_compile_float8": "the same + Float8: 8,532 tok/s/GPU",
 }
-"""TorchTitan's published single-node figures (plan/published.py rows; source tt-2024-12) for context: other model,
+"""TorchTitan's published single-node figures (plan/accuracy/published.py rows; source tt-2024-12) for context: other model,
 other GPU; the MFU beside them is computed with meshforge's FLOP count for 8B at seq 8192 and the H100 SXM peak."""
 MULTI_RANK = {"nccl_2_ranks", "gloo_cuda_2_ranks", "cp_attention", "dense_fsdp2", "dense_tp2", "moe_ep2"}
 PARITY = {"dense_compile": ("dense_ref", 1e-3), "dense_fsdp2": ("dense_ref", 1e-4), "dense_tp2": ("dense_ref", 1e-4)}
@@ -190,33 +194,27 @@ def run_check(check: Check, budget_left: float, env: dict[str, str] | None = Non
     timeout = min(check.timeout_s, budget_left)
     if budget_left < 10:
         return Outcome(check.name, "skipped", 0.0, {"why": "the total time budget is spent"})
-    start = time.perf_counter()
     path = f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"
     full_env = {**os.environ, **check.env, **(env or {}), "PYTHONPATH": path}
-    # a session of its own: on a timeout the whole tree (torchrun and its ranks) goes, freeing the GPU
-    proc = subprocess.Popen(
-        check.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=REPO,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        text, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        text, _ = proc.communicate()
-        seconds = round(time.perf_counter() - start, 1)
-        return Outcome(check.name, "timeout", seconds, {"timeout_s": timeout}, text[-1500:])
-    details: dict[str, Any] = {"returncode": proc.returncode}
+    # output to a file, a bounded wait, and on a timeout the whole tree killed (torchrun's ranks are in sessions of
+    # their own: a killpg of torchrun's group misses them): scripts/gpu_check_proc.py
+    job = run_job(check.argv, timeout, LOGS / f"{check.name}.log", full_env, REPO)
+    text = job.text
+    if job.returncode is None:
+        details = {"timeout_s": timeout, "killed_pids": job.killed}
+        return Outcome(check.name, "timeout", job.seconds, details, text[-1500:])
+    details: dict[str, Any] = {"returncode": job.returncode}
     if check.parse == "result_line":
         lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
         if lines:
             details.update(json.loads(lines[-1][len("RESULT ") :]))
-    elif check.parse == "metrics" and proc.returncode == 0:
+    elif check.parse == "metrics" and job.returncode == 0:
         details.update(read_metrics(check.dump))
-    status = "ok" if proc.returncode == 0 else "failed"
+    status = "ok" if job.returncode == 0 else "failed"
     if status == "ok" and details.get("correct") is False:
         status = "wrong"
     tail = "" if status == "ok" else text[-1500:]
-    return Outcome(check.name, status, round(time.perf_counter() - start, 1), details, tail)
+    return Outcome(check.name, status, job.seconds, details, tail)
 
 
 def max_rel(a: list[float], b: list[float]) -> float:
