@@ -13,7 +13,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from meshforge.config.io import load_config
 from meshforge.model.hf_config import resolve_model_args
 from meshforge.parallel.dims import ParallelDims
-from meshforge.parallel.dtensor_caches import clear_dtensor_caches
+from meshforge.parallel.distributed import clear_dtensor_caches
 from meshforge.tools.dry_run import build_parts
 
 BASE = ["--model.flavor", "tiny", "--training.device", "cpu", "--training.mixed_precision_param", "float32"]

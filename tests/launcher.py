@@ -30,7 +30,7 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, queue:
         OMP_NUM_THREADS="1",
     )
     torch.set_num_threads(1)
-    from meshforge.parallel.dtensor_caches import clear_dtensor_caches
+    from meshforge.parallel.distributed import clear_dtensor_caches
 
     clear_dtensor_caches()  # specs the parent cached hold its meshes (equal to this rank's, other coordinates)
     ok = True

@@ -41,7 +41,7 @@ def run_one(overrides: list[str]) -> tuple[str, Any]:
 
     from meshforge.config.io import load_config
     from meshforge.errors import ConfigError
-    from meshforge.parallel.dtensor_caches import clear_dtensor_caches
+    from meshforge.parallel.distributed import clear_dtensor_caches
     from meshforge.train.loop import train
 
     dump = tempfile.mkdtemp(prefix="meshforge-matrix-")

@@ -23,7 +23,7 @@ def compare_on_rank(impl: str, dtype_name: str, kv_heads: int) -> float:
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshforge.parallel.context_parallel import AllGatherKVAttention, load_balanced_positions
-    from meshforge.parallel.ring_attention import RingAttention
+    from meshforge.parallel.context_parallel.ring import RingAttention
 
     dist.init_process_group("gloo")
     cp, rank = dist.get_world_size(), dist.get_rank()

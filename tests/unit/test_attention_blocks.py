@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from meshforge.parallel.attention_blocks import Block, CpuFlash, MathKernel, attend, attend_backward, kernel_for
-from meshforge.parallel.context_parallel import _GatheredKVAttention, load_balanced_positions
-from meshforge.parallel.ring_attention import step_pairs
+from meshforge.parallel.context_parallel.api import _GatheredKVAttention, load_balanced_positions
+from meshforge.parallel.context_parallel.blocks import Block, CpuFlash, MathKernel, attend, attend_backward, kernel_for
+from meshforge.parallel.context_parallel.ring import step_pairs
 
 
 def qkv(heads: int, kv_heads: int, seq: int, dtype: torch.dtype) -> list[torch.Tensor]:

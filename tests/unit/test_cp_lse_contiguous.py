@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from meshforge.parallel.context_parallel import AllGatherKVAttention
-from meshforge.parallel.ring_attention import RingAttention
+from meshforge.parallel.context_parallel.ring import RingAttention
 
 FLASH_BACKWARDS = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: 5,  # index of the lse argument

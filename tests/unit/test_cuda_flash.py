@@ -1,4 +1,4 @@
-"""``CudaFlash`` (parallel/attention_blocks.py) executed: forward and the blockwise backward against dense causal
+"""``CudaFlash`` (parallel/context_parallel/blocks.py) executed: forward and the blockwise backward against dense causal
 SDPA on the same GPU, in bf16 with several heads (a non-contiguous LSE would corrupt every head after the first).
 Marked ``gpu``: skipped, with one line, where torch has no CUDA device (every CPU machine, CI)."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from meshforge.parallel.attention_blocks import Block, CudaFlash, attend, attend_backward, kernel_for
+from meshforge.parallel.context_parallel.blocks import Block, CudaFlash, attend, attend_backward, kernel_for
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,7 +1,8 @@
 """A dry run leaves the process as it found it: no process group, the default dtype and device, and no DeviceMesh of
 its fake world in torch's DTensor caches (a later mesh of the same shape and names, here or in a forked rank, would get
 the dry run's rank-0 mesh back in cached specs: the checkpoint "invalid fill" after
-tests/unit/test_hf_config.py::test_dry_run_measures_the_qwen3_extras, see parallel/dtensor_caches.py)."""
+tests/unit/test_hf_config.py::test_dry_run_measures_the_qwen3_extras, see
+parallel/distributed.py:clear_dtensor_caches)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from meshforge.parallel.ring_attention import _RingAttentionFn
+from meshforge.parallel.context_parallel.ring import _RingAttentionFn
 
 
 class MailboxRing:

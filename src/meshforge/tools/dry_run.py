@@ -49,6 +49,7 @@ from meshforge.observability.metrics import logging_ranks
 from meshforge.observability.profiling import check_window
 from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import AXES, ParallelDims
+from meshforge.parallel.distributed import clear_dtensor_caches
 from meshforge.parallel.parallelize import parallelize
 
 GIB = 2**30
@@ -90,14 +91,12 @@ def fake_world(world_size: int) -> Iterator[None]:
         raise ConfigError("--dry-run must run outside a distributed job (a process group exists); run it alone")
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from meshforge.parallel.dtensor_caches import clear_dtensor_caches
-
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
     try:
         yield
     finally:
         dist.destroy_process_group()
-        clear_dtensor_caches()  # cached DTensor specs hold this world's rank-0 meshes (parallel/dtensor_caches.py)
+        clear_dtensor_caches()  # cached DTensor specs hold this world's rank-0 meshes (parallel/distributed.py)
 
 
 def target_device(requested: str) -> str:

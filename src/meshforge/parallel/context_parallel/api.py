@@ -1,20 +1,6 @@
-"""Context parallel: each of ``cp`` ranks holds a slice of every sequence; attention still sees the whole sequence.
-
-Load balance (head-tail): the sequence is cut into ``2 x cp`` chunks and rank ``r`` holds chunks ``r`` and
-``2cp - 1 - r``, so every rank gets the same share of the causal mask's work. Inputs, labels and the tokens' global
-positions (for RoPE) are sliced the same way before the forward; the loss is a mean over the local tokens, and FSDP
-over ``dp_shard_cp`` averages the gradients over cp (the mean of equal-size means).
-
-Attention never builds a mask or a score matrix: each local query chunk attends to the chunks before it (unmasked) and
-to itself (causal) with a fused kernel that returns the log-sum-exp, and the partials are merged exactly
-(``parallel/attention_blocks.py``; memory linear in the sequence). K/V travel at K/V-head width (grouped-query
-attention is done by the kernel, never by repeating K/V). Two implementations (``parallelism.context_parallel_impl``):
-
-* ``allgather`` (the default): each rank all-gathers K and V over the cp group (autograd reduce-scatters dK/dV) and
-  attends its two query chunks to the gathered sequence. Two collectives per layer; K/V memory of the full sequence.
-* ``ring``: K/V blocks pass rank to rank over the cp group (``parallel/ring_attention.py``, point-to-point sends that
-  overlap the current block's attention); the backward passes dK/dV around the ring. K/V memory of two local slices.
-"""
+"""Context parallel's entry points and its all-gather implementation: the implementation checks, the head-tail
+layout (positions, chunk order), the attention core that all-gathers K/V over the cp group, ``apply_cp`` and
+``shard_batch``. The overview is the package's docstring (``parallel/context_parallel/__init__.py``)."""
 
 from __future__ import annotations
 
@@ -24,8 +10,8 @@ from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshforge.config.io import ConfigError
-from meshforge.parallel.attention_blocks import Block, attend, attend_backward, kernel_for
-from meshforge.parallel.ring_attention import RingAttention
+from meshforge.parallel.context_parallel.blocks import Block, attend, attend_backward, kernel_for
+from meshforge.parallel.context_parallel.ring import RingAttention
 
 IMPLS = ("allgather", "ring")
 

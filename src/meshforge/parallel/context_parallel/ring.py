@@ -1,12 +1,12 @@
 """Ring attention: K/V blocks pass rank to rank over the cp group; each step's partial attention merges by LSE.
 
-cp rank ``r`` holds query and K/V chunks ``(r, 2cp-1-r)`` (head-tail layout, ``context_parallel.py``). At step ``s`` it
+cp rank ``r`` holds query and K/V chunks ``(r, 2cp-1-r)`` (head-tail layout, ``api.py``). At step ``s`` it
 holds the K/V of rank ``r - s`` and, while it attends to them, already sends them on to ``r + 1`` and receives the
 next block from ``r - 1`` (``dist.batch_isend_irecv``; gloo on CPU, NCCL on CUDA). A query chunk attends to an earlier
 K/V chunk unmasked, to its own chunk causally (step 0) and skips later ones. After ``cp`` steps every query has seen
 the whole causal prefix while each rank held at most two K/V slices.
 
-Backward (FlashAttention's, with the merged out and LSE; ``attention_blocks.py``): K/V go round the ring again, each
+Backward (FlashAttention's, with the merged out and LSE; ``blocks.py``): K/V go round the ring again, each
 rank adds its share of dK/dV to an fp32 accumulator that travels with the block, and after ``cp`` sends every
 accumulator is back at the block's owner. Sends overlap the next block's compute in both directions.
 """
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshforge.parallel.attention_blocks import Partial, kernel_for
+from meshforge.parallel.context_parallel.blocks import Partial, kernel_for
 
 KV_TAG, GRAD_TAG = 0, 1
 
