@@ -24,13 +24,33 @@ CP_TOLERANCE = 2e-2
 HEADS, KV_HEADS, HEAD_DIM = 16, 4, 128
 
 
-def init(backend: str) -> tuple[int, int, Any]:
+def init(backend: str, device_type: str = "cuda") -> tuple[int, int, Any]:
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(0)  # one GPU: every rank shares it
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
-    return dist.get_rank(), dist.get_world_size(), torch.device("cuda", 0)
+    if device_type == "cuda":
+        torch.cuda.set_device(0)  # one GPU: every rank shares it
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+    return dist.get_rank(), dist.get_world_size(), torch.device(device_type, 0 if device_type == "cuda" else None)
+
+
+def cp_cores() -> tuple[Any, Any, Any]:
+    """(AllGatherKVAttention, RingAttention, load_balanced_positions) wherever the CP package keeps them."""
+    import importlib
+
+    for gather_mod, ring_mod in (
+        ("meshforge.parallel.context_parallel", "meshforge.parallel.context_parallel"),
+        ("meshforge.parallel.context_parallel.api", "meshforge.parallel.context_parallel.ring"),
+        ("meshforge.parallel.context_parallel.context_parallel", "meshforge.parallel.context_parallel.ring_attention"),
+        ("meshforge.parallel.context_parallel", "meshforge.parallel.ring_attention"),
+    ):
+        try:
+            gather, ring = importlib.import_module(gather_mod), importlib.import_module(ring_mod)
+            return gather.AllGatherKVAttention, ring.RingAttention, gather.load_balanced_positions
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError("meshforge's CP cores (AllGatherKVAttention, RingAttention) not found")
 
 
 def collectives(backend: str) -> dict[str, Any]:
@@ -101,7 +121,7 @@ def _all_to_all(rank: int, world: int, device: Any) -> bool:
 
 
 def _send_recv(rank: int, world: int, device: Any) -> bool:
-    """The ring's neighbour exchange (parallel/ring_attention.py)."""
+    """The ring's neighbour exchange (parallel/context_parallel/ring.py)."""
     import torch
     import torch.distributed as dist
 
@@ -130,23 +150,22 @@ def rel_error(got: Any, want: Any) -> float:
 
 
 def cp_case(impl: str, seq: int, mesh: Any, rank: int, cp: int) -> dict[str, float]:
-    """One CP core at one length vs dense causal SDPA on the same GPU (bf16): relative errors of out, dq, dk, dv."""
+    """One CP core at one length vs dense causal SDPA on the same device (bf16): relative errors of out, dq, dk, dv."""
     import torch
     import torch.nn.functional as F
 
-    from meshforge.parallel.context_parallel import AllGatherKVAttention, load_balanced_positions
-    from meshforge.parallel.ring_attention import RingAttention
-
-    gen = torch.Generator(device="cuda").manual_seed(seq)
+    AllGatherKVAttention, RingAttention, load_balanced_positions = cp_cores()
+    device = mesh.device_type
+    gen = torch.Generator(device=device).manual_seed(seq)
     shapes = [(1, HEADS, seq, HEAD_DIM), (1, KV_HEADS, seq, HEAD_DIM), (1, KV_HEADS, seq, HEAD_DIM)]
-    q, k, v = (torch.randn(s, device="cuda", generator=gen, dtype=torch.bfloat16) for s in shapes)
-    dout = torch.randn(shapes[0], device="cuda", generator=gen, dtype=torch.bfloat16)
+    q, k, v = (torch.randn(s, device=device, generator=gen, dtype=torch.bfloat16) for s in shapes)
+    dout = torch.randn(shapes[0], device=device, generator=gen, dtype=torch.bfloat16)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     groups = HEADS // KV_HEADS
     dense_kv = [t.repeat_interleave(groups, dim=1) for t in full[1:]]
     want = F.scaled_dot_product_attention(full[0], *dense_kv, is_causal=True)
     want.backward(dout)
-    pos = load_balanced_positions(seq, cp, rank, torch.device("cuda"))
+    pos = load_balanced_positions(seq, cp, rank, torch.device(device))
     local = [t[:, :, pos].detach().clone().requires_grad_() for t in (q, k, v)]
     core = AllGatherKVAttention(mesh) if impl == "allgather" else RingAttention(mesh)
     out = core(*local)
@@ -157,27 +176,58 @@ def cp_case(impl: str, seq: int, mesh: Any, rank: int, cp: int) -> dict[str, flo
     return {key: round(value, 5) for key, value in errors.items()}
 
 
-def cp_attention(seqs: list[int]) -> dict[str, Any]:
-    """Both CP cores at each length, forward and backward, on cp = world size ranks of one GPU."""
+RING_ON_GLOO_CUDA = (
+    "skipped: gloo has no CUDA send/recv (batch_isend_irecv reads device pointers without staging through the "
+    "host); the ring runs on NCCL only, so it is untested in this window"
+)
+"""The one line a ring case gets when the multi-rank checks fell back to gloo on CUDA ("Duplicate GPU")."""
+
+
+def ring_unsupported(device_type: str, backend: str) -> bool:
+    """Ring CP cannot run here: gloo on CUDA tensors (the "Duplicate GPU" fallback) has no device send/recv."""
+    return device_type == "cuda" and backend == "gloo"
+
+
+def run_case(impl: str, seq: int, mesh: Any, rank: int, cp: int) -> tuple[Any, bool]:
+    """One case, isolated: (its errors, or the one line of what went wrong / why it was skipped; whether it ran)."""
+    import torch.distributed as dist
+
+    if impl == "ring" and ring_unsupported(mesh.device_type, dist.get_backend()):
+        return RING_ON_GLOO_CUDA, False
+    try:
+        return cp_case(impl, seq, mesh, rank, cp), True
+    except Exception as exc:  # the other cases' results stand; the error is this case's finding
+        return f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}", False
+
+
+def cp_attention(seqs: list[int], device_type: str = "cuda") -> dict[str, Any]:
+    """Both CP cores at each length, forward and backward, on cp = world size ranks of one device; each case isolated
+    (a failing or skipped case is one line in the results, ``correct`` false when any case failed)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    backend = os.environ.get("MESHFORGE_CUDA_BACKEND", "nccl")
-    rank, cp, _ = init(backend)
-    mesh = init_device_mesh("cuda", (cp,), mesh_dim_names=("cp",))
+    backend = os.environ.get("MESHFORGE_CUDA_BACKEND", "nccl") if device_type == "cuda" else "gloo"
+    rank, cp, _ = init(backend, device_type)
+    mesh = init_device_mesh(device_type, (cp,), mesh_dim_names=("cp",))
     out: dict[str, Any] = {"backend": backend, "cp": cp, "tolerance": CP_TOLERANCE}
-    worst = 0.0
+    worst, failed = 0.0, 0.0
     for seq in seqs:
         for impl in ("allgather", "ring"):
-            errors = cp_case(impl, seq, mesh, rank, cp)
-            out[f"{impl}_seq{seq}"] = errors
-            worst = max(worst, *errors.values())
-            torch.cuda.empty_cache()
-    verdicts = [torch.tensor(float(worst), device="cuda")]
-    dist.all_reduce(verdicts[0], op=dist.ReduceOp.MAX)  # the worst rank decides
-    out["max_rel_error"], out["correct"] = float(verdicts[0]), float(verdicts[0]) <= CP_TOLERANCE
-    out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            result, ran = run_case(impl, seq, mesh, rank, cp)
+            out[f"{impl}_seq{seq}"] = result
+            if ran:
+                worst = max(worst, *result.values())
+            elif result.startswith("failed"):
+                failed = 1.0
+            if device_type == "cuda":
+                torch.cuda.empty_cache()
+    verdict = torch.tensor([worst, failed], device=device_type)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MAX)  # the worst rank decides
+    out["max_rel_error"], out["cases_failed"] = float(verdict[0]), bool(verdict[1])
+    out["correct"] = out["max_rel_error"] <= CP_TOLERANCE and not out["cases_failed"]
+    if device_type == "cuda":
+        out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     dist.destroy_process_group()
     return out
 
@@ -189,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     coll.add_argument("--backend", choices=("nccl", "gloo"), required=True)
     cp = sub.add_parser("cp_attention", help="CP all-gather and ring, fwd + bwd, vs dense causal SDPA (bf16)")
     cp.add_argument("--seq", type=int, nargs="+", required=True)
+    cp.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo, for tests")
     return parser
 
 
@@ -198,8 +249,7 @@ def set_up(args: argparse.Namespace, cp: int = 2) -> None:
 
     assert dist.is_available(), "torch.distributed is missing"
     if args.probe == "cp_attention":
-        from meshforge.parallel.context_parallel import AllGatherKVAttention, load_balanced_positions
-        from meshforge.parallel.ring_attention import RingAttention
+        AllGatherKVAttention, RingAttention, load_balanced_positions = cp_cores()
 
         assert AllGatherKVAttention and RingAttention
         for seq in args.seq:
@@ -214,7 +264,7 @@ def set_up(args: argparse.Namespace, cp: int = 2) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result = collectives(args.backend) if args.probe == "collectives" else cp_attention(args.seq)
+    result = collectives(args.backend) if args.probe == "collectives" else cp_attention(args.seq, args.device)
     if int(os.environ.get("RANK", "0")) == 0:
         print("RESULT " + json.dumps(result), flush=True)
     return 0
