@@ -7,6 +7,7 @@ are neighbours on one host). Only axes of size > 1 become mesh axes; flattened a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from meshforge.config.schema import Float8, Parallelism
 from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs
-from meshforge.parallel.expert_rules import check_ep_compile, check_ep_degrees, check_ep_shape
+from meshforge.parallel.degrees import Degrees, check_ep_compile, check_ep_degrees, check_ep_shape, degrees_from_config
 
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 FLATTENED = {
@@ -27,84 +28,18 @@ FLATTENED = {
 
 
 @dataclass(frozen=True)
-class ParallelDims:
-    """Degrees of each parallel axis; their product is the world size."""
-
-    pp: int
-    dp_replicate: int
-    dp_shard: int
-    cp: int
-    tp: int
-    ep: int = 1
-    """Expert parallel: a split of dp_shard x cp (the ``ep`` axis of the expert mesh, see build_expert_mesh)."""
+class ParallelDims(Degrees):
+    """Degrees of each parallel axis (parallel/degrees.py: their sizes), with the rank grid, the checks against the
+    model and the features, and the DeviceMesh."""
 
     @classmethod
     def from_config(cls, cfg: Parallelism, world_size: int) -> ParallelDims:
         """Resolve data_parallel_shard_degree = -1 and check that the degrees multiply to the world size."""
-        for key in ("data_parallel_replicate_degree", "context_parallel_degree", "tensor_parallel_degree"):
-            if getattr(cfg, key) < 1:
-                raise ConfigError(f"parallelism.{key} = {getattr(cfg, key)} must be >= 1 (1 disables it)")
-        if cfg.pipeline_parallel_degree < 1:
-            raise ConfigError(f"parallelism.pipeline_parallel_degree = {cfg.pipeline_parallel_degree} must be >= 1")
-        if cfg.data_parallel_shard_degree < 1 and cfg.data_parallel_shard_degree != -1:
-            raise ConfigError(
-                f"parallelism.data_parallel_shard_degree = {cfg.data_parallel_shard_degree} must be >= 1 or -1 "
-                "(the rest of the world size)"
-            )
-        others = cfg.data_parallel_replicate_degree * cfg.context_parallel_degree
-        others *= cfg.tensor_parallel_degree * cfg.pipeline_parallel_degree
-        shard = cfg.data_parallel_shard_degree
-        if shard == -1:
-            if world_size % others:
-                raise ConfigError(
-                    f"the world size {world_size} is not divisible by data_parallel_replicate x context x tensor x "
-                    f"pipeline degrees = {others}; change the degrees or the number of processes"
-                )
-            shard = world_size // others
-        dims = cls(
-            cfg.pipeline_parallel_degree,
-            cfg.data_parallel_replicate_degree,
-            shard,
-            cfg.context_parallel_degree,
-            cfg.tensor_parallel_degree,
-            cfg.expert_parallel_degree,
-        )
-        if dims.world_size != world_size:
-            raise ConfigError(
-                f"parallel degrees pp {dims.pp} x dp_replicate {dims.dp_replicate} x dp_shard {dims.dp_shard} x cp "
-                f"{dims.cp} x tp {dims.tp} = {dims.world_size} but the world size is {world_size}; make the product "
-                "equal the number of processes (data_parallel_shard_degree = -1 fills in the rest)"
-            )
-        dims.validate_ep()
-        return dims
+        return cls(**dataclasses.asdict(degrees_from_config(cfg, world_size)))
 
     def validate_ep(self) -> None:
-        """Expert parallel borrows from the data-parallel shard x context ranks (parallel/expert_rules.py)."""
+        """Expert parallel borrows from the data-parallel shard x context ranks (parallel/degrees.py)."""
         check_ep_degrees(self.ep, self.dp_shard, self.cp, self.dp_replicate)
-
-    @property
-    def efsdp(self) -> int:
-        """Ranks that shard each expert-parallel rank's experts with FSDP: dp_shard x cp / ep."""
-        return self.dp_shard * self.cp // self.ep
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel degree: ranks that read different data."""
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def fsdp_enabled(self) -> bool:
-        """FSDP shards over dp_shard x cp (context-parallel ranks hold different tokens, so their gradients differ)."""
-        return self.dp_shard * self.cp > 1 or self.dp_replicate > 1
-
-    @property
-    def non_data_parallel_size(self) -> int:
-        """Ranks that work on the same data: tokens/s per device divides by this (TorchTitan's definition)."""
-        return self.cp * self.tp * self.pp
 
     def degree(self, axis: str) -> int:
         return int(getattr(self, axis))
@@ -150,7 +85,7 @@ class ParallelDims:
             )
 
     def validate_moe(self, args: ModelArgs) -> None:
-        """Expert-parallel degrees against the MoE shape (parallel/expert_rules.py)."""
+        """Expert-parallel degrees against the MoE shape (parallel/degrees.py)."""
         check_ep_shape(self.ep, self.efsdp, args)
 
     def validate_features(
