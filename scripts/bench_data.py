@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from meshforge.data import shards
+from meshforge.data.manifest import MANIFEST
 from meshforge.data.prepare import PrepareOptions, prepare
 from meshforge.data.shards import PreparedSplit
 from meshforge.data.sources import iter_documents
@@ -66,7 +67,7 @@ def prepare_speed(out: Path, repeat: int, workers: int) -> tuple[float, float, i
 def synthesise(out: Path, megabytes: int) -> Path:
     """A prepared corpus of about ``megabytes`` MB of shards: the Austen train documents, repeated, shuffled."""
     folder = out / f"corpus-{megabytes}mb"
-    if (folder / shards.MANIFEST).is_file():
+    if (folder / MANIFEST).is_file():
         return folder
     source = PreparedSplit(prepare_source(out), "train")
     val = PreparedSplit(prepare_source(out), "val")
@@ -83,7 +84,7 @@ def synthesise(out: Path, megabytes: int) -> Path:
         writers["train"].add(piece)
         written += 2 * len(piece)
     writers["val"].add(val.document(0))
-    manifest = json.loads((prepare_source(out) / shards.MANIFEST).read_text())
+    manifest = json.loads((prepare_source(out) / MANIFEST).read_text())
     manifest["splits"] = {}
     for split, writer in writers.items():
         entries = writer.close()
@@ -99,7 +100,7 @@ def synthesise(out: Path, megabytes: int) -> Path:
 
 def prepare_source(out: Path) -> Path:
     folder = out / "austen"
-    if not (folder / shards.MANIFEST).is_file():
+    if not (folder / MANIFEST).is_file():
         prepare([str(AUSTEN)], folder, PrepareOptions(tokenizer_path=TOKENIZER))
     return folder
 

@@ -19,6 +19,7 @@ import pytest
 
 from meshforge.cli import main as meshforge_main
 from meshforge.data import integrity, shards
+from meshforge.data.manifest import MANIFEST, read_manifest
 from meshforge.data.prepare import PrepareOptions, prepare
 from meshforge.data.shards import PreparedSplit
 from meshforge.data.tokenizer import REPO_ROOT, build_tokenizer
@@ -163,7 +164,7 @@ def test_kill_at_ten_points_leaves_a_dataset_or_a_clean_restart(tmp_path: Path) 
         child = ctx.Process(target=_prepare_killed_after, args=(inputs, out, k))
         child.start()
         child.join(60)
-        if (out / shards.MANIFEST).exists():
+        if (out / MANIFEST).exists():
             assert integrity.verify(out) == [], k
             outcomes.append("verified")
         else:
@@ -171,7 +172,7 @@ def test_kill_at_ten_points_leaves_a_dataset_or_a_clean_restart(tmp_path: Path) 
             assert _checksums(prepare([inputs], out, options)) == reference, k
             outcomes.append("rerun")
         assert (out / "notes.txt").read_text() == "the user's own file"
-        assert _checksums(json.loads((out / shards.MANIFEST).read_text())) == reference
+        assert _checksums(json.loads((out / MANIFEST).read_text())) == reference
     assert "rerun" in outcomes, outcomes
 
 
@@ -186,7 +187,7 @@ def test_fsync_of_every_shard_and_the_folder_before_the_manifest(
         real_fsync(fd)
 
     def replace(src: Any, dst: Any) -> None:
-        if Path(dst).name == shards.MANIFEST:
+        if Path(dst).name == MANIFEST:
             synced.append("manifest renamed")
         real_replace(src, dst)
 
@@ -194,7 +195,7 @@ def test_fsync_of_every_shard_and_the_folder_before_the_manifest(
     monkeypatch.setattr(os, "replace", replace)
     out = _small(tmp_path)
     before = synced[: synced.index("manifest renamed")]
-    names = [s["name"] for info in shards.read_manifest(out)["splits"].values() for s in info["shards"]]
+    names = [s["name"] for info in read_manifest(out)["splits"].values() for s in info["shards"]]
     for name in names:
         assert str(out / f"{name}.tmp") in before, name
         assert str(out / name.replace(".bin", ".idx.tmp")) in before, name
@@ -248,8 +249,8 @@ def test_full_verify_reads_every_index_offset(tmp_path: Path) -> None:
     assert integrity.verify(out) == [f"{out / name} has offsets that do not increase"], "verify skipped the offsets"
     with pytest.raises(ConfigError, match=r"train-00001\.idx has offsets that do not increase"):
         PreparedSplit(out, verify="full")
-    manifest = json.loads((out / shards.MANIFEST).read_text())
+    manifest = json.loads((out / MANIFEST).read_text())
     manifest["splits"]["train"]["documents"] += 1
-    (out / shards.MANIFEST).write_text(json.dumps(manifest))
+    (out / MANIFEST).write_text(json.dumps(manifest))
     problems = integrity.verify(out)
     assert len(problems) == 2 and "train documents" in problems[0], "verify did not sum the shards' documents"

@@ -16,8 +16,9 @@ from meshforge.cli import main as meshforge_main
 from meshforge.config.schema import Training
 from meshforge.data import shards
 from meshforge.data.loader import ArrayStream, PackedDataLoader, build_dataloader
+from meshforge.data.manifest import file_sha256
 from meshforge.data.prepare import PrepareOptions, prepare
-from meshforge.data.shards import PreparedSplit, file_sha256
+from meshforge.data.shards import PreparedSplit
 from meshforge.data.tokenizer import REPO_ROOT, Tokenizer, build_tokenizer
 
 TOKENIZER = str(REPO_ROOT / "data" / "tokenizer" / "austen-bpe-2048.json")

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from meshforge.data import shards
+from meshforge.data import integrity
+from meshforge.data.manifest import read_manifest
 from meshforge.data.prepare import PrepareOptions, prepare
 from meshforge.errors import ConfigError
 
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "info":
-            manifest = shards.read_manifest(Path(args.folder))
+            manifest = read_manifest(Path(args.folder))
             print(json.dumps({k: manifest[k] for k in ("tokenizer", "dtype", "sources", "stats") if k in manifest}))
             for split, info in manifest["splits"].items():
                 print(
@@ -73,15 +74,13 @@ def main(argv: list[str]) -> int:
 
 def verify(folder: Path) -> int:
     """Print each bad file of a prepared dataset (exit 1) or that it is sound (exit 0)."""
-    from meshforge.data import integrity
-
     problems = integrity.verify(folder)
     for problem in problems:
         print(f"bad: {problem}", file=sys.stderr)
     if problems:
         print(f"{folder}: {len(problems)} bad file(s); prepare it again", file=sys.stderr)
         return 1
-    manifest = shards.read_manifest(folder)
+    manifest = read_manifest(folder)
     count = sum(len(info["shards"]) for info in manifest["splits"].values())
     print(f"{folder}: {count} shards verified (sha256, .idx, counts)")
     return 0

@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from meshforge.data import shards
+from meshforge.data.manifest import FORMAT, MANIFEST
 from meshforge.data.prepare import PrepareOptions, prepare
 from meshforge.data.sources import expand_inputs
 from meshforge.errors import ConfigError
@@ -78,12 +78,12 @@ def cached_prepared(inputs: list[str], key_parts: list[str], options: PrepareOpt
     from meshforge.data.tokenizer import build_tokenizer
 
     fingerprint = build_tokenizer(options.tokenizer_path).fingerprint
-    key = hashlib.sha256("\0".join([shards.FORMAT, fingerprint, repr(options), *key_parts]).encode()).hexdigest()
+    key = hashlib.sha256("\0".join([FORMAT, fingerprint, repr(options), *key_parts]).encode()).hexdigest()
     folder = prepared_root() / key[:32]
-    if (folder / shards.MANIFEST).is_file():
+    if (folder / MANIFEST).is_file():
         return folder
     with _locked(prepared_root() / f".{key[:32]}.lock"):
-        if not (folder / shards.MANIFEST).is_file():
+        if not (folder / MANIFEST).is_file():
             temporary = prepared_root() / f".{key[:32]}.tmp-{os.getpid()}"
             shutil.rmtree(temporary, ignore_errors=True)
             print(f"meshforge: preparing {', '.join(inputs)} into {folder} (once)", flush=True)

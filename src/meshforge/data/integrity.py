@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from meshforge.data import shards
+from meshforge.data.manifest import MANIFEST, VERIFY_HINT, file_sha256, read_manifest
 from meshforge.errors import ConfigError
 
 
@@ -59,7 +59,7 @@ def check_full(folder: Path, shard: dict[str, Any], dtype: np.dtype[Any]) -> str
     if problem:
         return problem
     bin_file = folder / shard["name"]
-    if shards.file_sha256(bin_file) != shard["sha256"]:
+    if file_sha256(bin_file) != shard["sha256"]:
         return f"{bin_file} has another sha256 than the manifest's (its bytes changed)"
     offsets = np.load(idx_path(folder, shard["name"]))
     if len(offsets) > 1 and not bool(np.all(np.diff(offsets) > 0)):
@@ -73,20 +73,20 @@ def check_split(folder: Path, entries: list[dict[str, Any]], dtype: np.dtype[Any
     for shard in entries:
         problem = check(folder, shard, dtype)
         if problem:
-            hint = shards.VERIFY_HINT.format(folder=folder)
+            hint = VERIFY_HINT.format(folder=folder)
             raise ConfigError(f"prepared dataset {str(folder)!r} is damaged: {problem}; {hint}")
 
 
 def verify(folder: Path) -> list[str]:
     """Every problem of a prepared dataset (empty when sound): every shard fully checked, the counts summed."""
-    manifest = shards.read_manifest(folder)
+    manifest = read_manifest(folder)
     dtype = np.dtype(manifest["dtype"])
     problems = []
     for split, info in manifest["splits"].items():
         for key in ("tokens", "documents"):
             total = sum(int(s[key]) for s in info["shards"])
             if total != int(info[key]):
-                problems.append(f"{folder / shards.MANIFEST}: {split} {key} {info[key]} but its shards hold {total}")
+                problems.append(f"{folder / MANIFEST}: {split} {key} {info[key]} but its shards hold {total}")
         for shard in info["shards"]:
             problem = check_full(folder, shard, dtype)
             if problem:

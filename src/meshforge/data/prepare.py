@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from meshforge.data import shards
+from meshforge.data.manifest import FORMAT, MANIFEST
 from meshforge.data.sources import Document, iter_documents
 from meshforge.data.tokenizer import Tokenizer, build_tokenizer
 from meshforge.errors import ConfigError
@@ -133,7 +134,7 @@ def prepare(inputs: list[str], out: Path, options: PrepareOptions, *, progress: 
     if not inputs:
         raise ConfigError("no inputs: give .txt/.jsonl/.parquet files or folders, or hf:<dataset id>")
     out = Path(out)
-    if (out / shards.MANIFEST).exists():
+    if (out / MANIFEST).exists():
         raise ConfigError(f"{str(out)!r} already holds a prepared dataset: choose another --out or delete it")
     out.mkdir(parents=True, exist_ok=True)
     shards.remove_leftovers(out)
@@ -214,7 +215,7 @@ def _manifest(
         for split, entries in split_shards.items()
     }
     return {
-        "format": shards.FORMAT,
+        "format": FORMAT,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "tokenizer": {
             "source": options.tokenizer_path,

@@ -24,16 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from meshforge.data.integrity import check_split
+from meshforge.data.manifest import MANIFEST, VERIFY_HINT, read_manifest
 from meshforge.errors import ConfigError
 
-FORMAT = "meshforge-shards-v1"
-MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 SHARD_SUFFIXES = (".bin", ".idx", ".tmp")
 JOURNAL = ".prepare-written"
 """The files an unfinished preparation wrote, one name a line; a rerun deletes these and nothing else."""
 MAX_OPEN_SHARDS = 32
-VERIFY_HINT = "run `meshforge data verify {folder}` for every bad file, then prepare it again"
 
 
 def token_dtype(vocab_size: int) -> np.dtype[Any]:
@@ -186,29 +185,6 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     (folder / JOURNAL).unlink(missing_ok=True)
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest of a prepared dataset; ValueError naming the folder and the fix when there is none."""
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise ConfigError(
-            f"{str(folder)!r} is not a prepared dataset (no {MANIFEST}; an interrupted preparation leaves none): "
-            "run `meshforge data prepare INPUT... --out DIR` first"
-        )
-    manifest: dict[str, Any] = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise ConfigError(f"{str(path)!r} has format {manifest.get('format')!r}, expected {FORMAT!r}: prepare it again")
-    return manifest
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, read 1 MiB at a time."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 class MapCache:
     """The most recently used ``capacity`` open maps of shard files; opening one more closes the oldest.
 
@@ -234,7 +210,7 @@ class MapCache:
 class PreparedSplit:
     """One split of a prepared dataset as a single virtual token stream, memory-mapped shard by shard.
 
-    Opening reads the manifest and checks every shard cheaply (`integrity.check_cheap`: sizes, ``.idx`` headers and
+    Opening reads the manifest and checks every shard cheaply (`integrity.check_split`: sizes, ``.idx`` headers and
     ends; ``verify="full"`` also every sha256); `read` touches only the pages of the windows asked for and keeps at
     most ``max_open_shards`` maps of each kind open, so resident memory and open files do not grow with the corpus.
     """
@@ -242,8 +218,6 @@ class PreparedSplit:
     def __init__(
         self, folder: Path, split: str = "train", *, max_open_shards: int = MAX_OPEN_SHARDS, verify: str = "cheap"
     ) -> None:
-        from meshforge.data import integrity
-
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
         if split not in self.manifest["splits"]:
@@ -252,7 +226,7 @@ class PreparedSplit:
         self.split, self.dtype = split, np.dtype(self.manifest["dtype"])
         self.num_tokens, self.num_documents = int(info["tokens"]), int(info["documents"])
         self.shard_names = [shard["name"] for shard in info["shards"]]
-        integrity.check_split(self.folder, info["shards"], self.dtype, full=verify == "full")
+        check_split(self.folder, info["shards"], self.dtype, full=verify == "full")
         sizes = [int(shard["tokens"]) for shard in info["shards"]]
         self.starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
         self._maps = MapCache(max_open_shards, self._open_bin)
