@@ -10,6 +10,7 @@ from meshforge.config.io import load_config
 from meshforge.config.schema import JobConfig
 from meshforge.model.hf_config import resolve_model_args
 from meshforge.parallel.dims import ParallelDims
+from meshforge.tools.memory_pp import pp_memory_run
 from meshforge.tools.memory_run import extrapolate, fake_cpu_peak, real_cpu_peak
 
 
@@ -76,8 +77,6 @@ def test_cpu_offload_moves_sharded_state_off_the_device() -> None:
 
 
 def _pp_run(schedule: str) -> tuple[dict[str, int], list[str]]:
-    from meshforge.tools.memory_pp import pp_memory_run
-
     pp = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", schedule]
     cfg = small([*pp, "--training.local_batch_size", "4", "--activation_checkpoint.mode", "none"])
     args = dataclasses.replace(resolve_model_args(cfg.model, cfg.training.seq_len), n_layers=4)

@@ -12,7 +12,9 @@ import sys
 
 from meshforge.config.schema import JobConfig
 from meshforge.errors import ConfigError
+from meshforge.model.hf_config import resolve_model_args
 from meshforge.tools.dry_run import DryRun, format_report, plan
+from meshforge.tools.memory_pp import pp_memory_run
 from meshforge.tools.memory_run import MemoryRun, format_memory, memory_run
 
 
@@ -42,12 +44,11 @@ def report_dtype(cfg: JobConfig, report: DryRun) -> str:
 
 def exact_memory(cfg: JobConfig, world_size: int) -> tuple[DryRun, MemoryRun]:
     """The dry run's report and rank 0's exact peak (the planner's cross-check calls this)."""
-    from meshforge.model.hf_config import resolve_model_args
-
     report = plan(cfg, world_size)
     step_cfg, notes = runnable(cfg, report)
     args = resolve_model_args(step_cfg.model, step_cfg.training.seq_len)
-    run = memory_run(step_cfg, world_size, args, report.dims)
+    measure = pp_memory_run if report.dims.pp > 1 else memory_run  # a pipeline: its busiest stage (memory_pp.py)
+    run = measure(step_cfg, world_size, args, report.dims)
     run.notes += notes
     return report, run
 

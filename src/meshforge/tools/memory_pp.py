@@ -7,12 +7,12 @@ prunes a stage: the embedding only on the first rank, norm + output + loss only 
 training does on one pipeline rank's sub-mesh (FSDP with resharding off, as under PP), fed one microbatch
 (``pipeline_parallel_microbatch_size`` sequences) at a time. The tracked window is the schedule's peak: as many
 forwards held as the rank has stage-microbatches in flight (counted in the schedule's own order by
-parallel/pipeline/simulator.py, as plan/physics/schedules.py counts them; divided by the rank's stages for an interleaved
-schedule, whose forwards each run one stage's blocks while this module runs all the rank's), then the first one's
-backward. One
-untracked microbatch before it runs forward + backward without gradient sync, so the unsharded gradients accumulate
-as in the schedule's steady state (FSDP neither syncs nor reshards between microbatches under PP). The first and the
-last pipeline ranks are traced (embedding vs output and loss); the record is the busier one's, the other in a note.
+parallel/pipeline/simulator.py, as plan/physics/schedules.py counts them; divided by the rank's stages for an
+interleaved schedule, whose forwards each run one stage's blocks while this module runs all the rank's), then the first
+one's backward. One untracked microbatch before it runs forward + backward without gradient sync, so the unsharded
+gradients accumulate as in the schedule's steady state (FSDP neither syncs nor reshards between microbatches under
+PP). The first and the last pipeline ranks are traced (embedding vs output and loss); the record is the busier one's,
+the other in a note.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.loss import cross_entropy, loss_parallel_context
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
+from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import ParallelDims, sub_mesh
+from meshforge.parallel.pipeline import catalog, simulator, split
+from meshforge.tools.dry_run import fake_world
 from meshforge.tools.memory_run import (
     GIB,
     MemoryRun,
@@ -53,8 +56,6 @@ class StagePlan:
 
 def stage_plans(cfg: JobConfig, args: ModelArgs) -> list[StagePlan]:
     """The first and last pipeline ranks' stages, split as training splits them (parallel/pipeline/split.py)."""
-    from meshforge.parallel.pipeline import catalog, simulator, split
-
     par = cfg.parallelism
     pp = par.pipeline_parallel_degree
     schedule = catalog.canonical_schedule(par.pipeline_parallel_schedule) or par.pipeline_parallel_schedule
@@ -83,8 +84,7 @@ def stage_config(cfg: JobConfig) -> JobConfig:
 
 def pp_memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelDims) -> MemoryRun:
     """The busier of the first and last pipeline ranks' peaks by category (module docstring)."""
-    from meshforge.tools.dry_run import fake_world
-
+    check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
     stage_cfg = stage_config(cfg)
     stage_world = world_size // dims.pp
     stage_dims = ParallelDims.from_config(stage_cfg.parallelism, stage_world)

@@ -42,6 +42,7 @@ from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.parallelize import parallelize
+from meshforge.tools.dry_run import fake_world, meta_parallelism
 
 GIB = 2**30
 # torch tracker category (value string) -> our category; activation categories start with "activations"
@@ -161,8 +162,6 @@ def build_step_model(
     """The model parallelized as training does it (tools/dry_run.py's options), on the meta device (FSDP2's TP
     sharding spec cannot run on fake tensors). ``stage``: (has the embedding, has norm + output), a pipeline
     stage's modules (tools/memory_pp.py)."""
-    from meshforge.tools.dry_run import meta_parallelism
-
     model = build_model(args)
     if stage is not None:
         model.tok_embeddings = model.tok_embeddings if stage[0] else None
@@ -303,14 +302,11 @@ def extrapolate(first: dict[str, int], second: dict[str, int], n1: int, n2: int,
 
 
 def memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelDims) -> MemoryRun:
-    """Rank 0's peak by category for ``cfg`` on ``world_size`` ranks (fake tensors, fake process group)."""
-    from meshforge.tools.dry_run import fake_world
-
-    check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
+    """Rank 0's peak by category for ``cfg`` on ``world_size`` ranks (fake tensors, fake process group), without
+    pipeline parallel (tools/memory_pp.py traces a pipeline's stages; tools/memory_cli.py picks one)."""
     if dims.pp > 1:
-        from meshforge.tools.memory_pp import pp_memory_run
-
-        return pp_memory_run(cfg, world_size, args, dims)
+        raise ValueError("memory_run traces the whole model: a pipeline's stages are memory_pp.pp_memory_run's")
+    check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
 
     def trace(n: int) -> dict[str, int]:
         probe_args = dataclasses.replace(args, n_layers=n)
@@ -337,8 +333,6 @@ def probed_run(layers: int, trace: Callable[[int], dict[str, int]]) -> MemoryRun
 
 def real_cpu_peak(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelDims) -> dict[str, int]:
     """The same tracked step on real CPU tensors (small models only): the check that fake bytes are real bytes."""
-    from meshforge.tools.dry_run import fake_world
-
     with fake_world(world_size):
         mesh = dims.build_mesh("cpu")
         return tracked_steps(cfg, build_step_model(cfg, dims, mesh, args), mesh, args, init=True)
@@ -346,8 +340,6 @@ def real_cpu_peak(cfg: JobConfig, world_size: int, args: ModelArgs, dims: Parall
 
 def fake_cpu_peak(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelDims) -> dict[str, int]:
     """All blocks of ``args`` traced once on fake tensors (no scaling)."""
-    from meshforge.tools.dry_run import fake_world
-
     with fake_world(world_size):
         mesh = dims.build_mesh("cpu")
         model = build_step_model(cfg, dims, mesh, args)
