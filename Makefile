@@ -31,7 +31,7 @@ test-fake-cuda: $(VENV)/.ready
 
 # The planner's leave-one-out folds (after a change to plan/ physics or the published rows; minutes, all cores).
 plan-loo: $(VENV)/.ready
-	$(PY) -m meshforge.plan.folds
+	$(PY) -m meshforge.plan.accuracy.folds
 
 # the torchft kill-and-rejoin proof (docs/fault-tolerance.md; ~3 min under load); needs pip install -e '.[ft]'
 ft-proof: $(VENV)/.ready

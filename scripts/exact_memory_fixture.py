@@ -1,6 +1,6 @@
 """Run the exact fake-tensor memory step (tools/memory_run.py) on every published layout it can trace and write
 rank 0's peak bytes by category to tests/fixtures/exact_memory.json, the reference tests/unit/test_plan_memory_exact.py
-holds plan/memory.py's per-category terms to. Usage (about 5 min on 2 CPU cores under load):
+holds plan/physics/memory.py's per-category terms to. Usage (about 5 min on 2 CPU cores under load):
 
     PYTHONPATH=src python scripts/exact_memory_fixture.py [OUT]
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from meshforge.config.io import load_config
 from meshforge.errors import ConfigError
-from meshforge.plan.published import RUNS
+from meshforge.plan.accuracy.published import RUNS
 from meshforge.tools.memory_cli import exact_memory
 
 OUT = Path("tests/fixtures/exact_memory.json")

@@ -4,8 +4,8 @@ step traces (docs/planner.md, "Exact memory"). Usage:
     PYTHONPATH=src python scripts/exact_memory_vs_planner.py [tests/fixtures/exact_memory.json]
 
 The exact figures are the fixture scripts/exact_memory_fixture.py writes (tools/memory_run.py on each layout, eager
-bf16); the planner's are plan/peak.py's ``rank_allocated`` on the same eager layout: what a device allocates, before
-the fitted allocator slack. Prints a markdown table (GiB, planner / exact)."""
+bf16); the planner's are plan/physics/peak.py's ``rank_allocated`` on the same eager layout: what a device allocates,
+before the fitted allocator slack. Prints a markdown table (GiB, planner / exact)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from meshforge.plan.exact import CATEGORY_GROUPS, exact_groups, planner_groups
+from meshforge.plan.accuracy.exact import CATEGORY_GROUPS, exact_groups, planner_groups
 
 GIB = 2**30
 

@@ -17,9 +17,9 @@ from meshforge.config.io import ConfigError
 from meshforge.config.schema import Float8, Parallelism
 from meshforge.parallel.dims import ParallelDims
 from meshforge.parallel.tensor_parallel import enable_async_tp
-from meshforge.plan.estimate import estimate
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.layout import Layout
+from meshforge.plan.physics.estimate import estimate
 
 ASYNC = Parallelism(enable_async_tensor_parallel=True, tensor_parallel_degree=2)
 CUDA = torch.device("cuda")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from meshforge.bench import analysis, predict
-from meshforge.plan import calibrate
-from meshforge.plan.estimate import estimate
+from meshforge.plan.accuracy import calibrate
 from meshforge.plan.hardware import load_hardware
+from meshforge.plan.physics.estimate import estimate
 
 
 def bench_record(name: str, dp_shard: int = 1, tp: int = 1, pp: int = 1) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from meshforge.bench.reference import FIGURES
-from meshforge.plan import article, published
+from meshforge.plan.accuracy import article, published
 from meshforge.plan.hardware import load_hardware
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -43,7 +43,7 @@ def test_mfu_matches_the_reports_statement() -> None:
 
 
 def test_published_rows_are_defined_once() -> None:
-    """bench's figures are derived from plan/published.py; every row names a source; keys are unique."""
+    """bench's figures are derived from plan/accuracy/published.py; every row names a source; keys are unique."""
     keys = [r.key for r in published.RUNS]
     assert len(keys) == len(set(keys))
     assert all(r.source in published.SOURCES for r in published.RUNS)

@@ -11,9 +11,9 @@ import pytest
 
 from meshforge.cli import main
 from meshforge.model.flavors import get_flavor
-from meshforge.plan.estimate import estimate
 from meshforge.plan.hardware import CPU_EFFICIENCY, HardwareProfile, HardwareSpec, load_hardware, save_profile
 from meshforge.plan.layout import Layout, with_stages
+from meshforge.plan.physics.estimate import estimate
 
 SPEC = HardwareSpec(
     name="cpu-fixed",
@@ -155,8 +155,8 @@ def test_cpu_time_sharing_counts_busy_ranks_and_scheduler_latency() -> None:
     """Pipeline ranks waiting for inputs lend their cores; a CPU collective pays log2(n) scheduler waits, each the
     longer the more ranks share a core."""
     from meshforge.parallel.pipeline.simulator import simulate
-    from meshforge.plan import comm
-    from meshforge.plan.estimate import pipeline_step, rates, stage_costs
+    from meshforge.plan.physics import comm
+    from meshforge.plan.physics.estimate import pipeline_step, rates, stage_costs
 
     assert SPEC.oversubscription(4, 1) == 2.0
     assert SPEC.oversubscription(4, 1, busy=0.5) == 1.0  # half the ranks runnable fill the 2 cores exactly

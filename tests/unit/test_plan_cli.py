@@ -123,7 +123,7 @@ def test_custom_hardware_toml(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_article_and_search_commands(capsys: pytest.CaptureFixture[str]) -> None:
-    from meshforge.plan import published
+    from meshforge.plan.accuracy import published
 
     code, out, _ = run(["--article", "--json"], capsys)
     article = json.loads(out)

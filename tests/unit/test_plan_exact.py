@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshforge.model.flavors import get_flavor
-from meshforge.plan.exact import ExactCase, analytical_param_numel, exact_param_numel
+from meshforge.plan.accuracy.exact import ExactCase, analytical_param_numel, exact_param_numel
 from meshforge.plan.layout import Layout, stage_layer_counts
 
 
@@ -38,7 +38,7 @@ def test_stage_split_matches_the_pipeline_code(n_layers: int, stages: int, first
 
 
 def test_pipeline_rank0_holds_the_first_stage() -> None:
-    from meshforge.plan.memory import local_param_numel, part_numel, rank_parts
+    from meshforge.plan.physics.parts import local_param_numel, part_numel, rank_parts
 
     args = get_flavor("405B")
     layout = Layout(flavor="405B", seq_len=8192, local_batch_size=32, dp_shard=8, tp=8, pp=8)

@@ -1,4 +1,4 @@
-"""plan/fault_tolerance.py on cases with answers worked out by hand: the Llama 3 failure rate, the lost work per
+"""plan/physics/fault_tolerance.py on cases with answers worked out by hand: the Llama 3 failure rate, the lost work per
 failure of checkpoint-restart and of live recovery, goodput, Young / Daly's interval, and the step-time terms."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import replace
 import pytest
 
 from meshforge.errors import ConfigError
-from meshforge.plan import comm
-from meshforge.plan import fault_tolerance as ft
-from meshforge.plan.estimate import estimate
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.layout import Layout
+from meshforge.plan.physics import comm
+from meshforge.plan.physics import fault_tolerance as ft
+from meshforge.plan.physics.estimate import estimate
 
 
 def test_llama3_failure_rate() -> None:

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from meshforge.config.io import load_config
-from meshforge.plan import guide, guide_flow
+from meshforge.plan.guide import flow as guide_flow
+from meshforge.plan.guide import guide
 from meshforge.plan.hardware import auto_param_dtype, load_hardware
 from meshforge.plan.layout import check_layout, layout_args, layout_from_config
 
@@ -111,7 +112,7 @@ def test_cache_reuses_cells(tmp_path, monkeypatch, h100_cells: list[dict]) -> No
 def test_curves_follow_the_families(h100_cells: list[dict], tmp_path) -> None:
     """Each family's curve is that family's best layout per GPU count, the PNG is written, and article points carry
     the family of their own degrees (table 2: FSDP x TP, table 3: 3D, table 4 with CP: 4D)."""
-    from meshforge.plan import curves
+    from meshforge.plan.guide import curves
 
     for fam, rows in curves.family_curves(h100_cells, "8B", SEQ).items():
         for world, tps, low, high in rows:

@@ -1,5 +1,5 @@
-"""The planner's memory-lever terms (plan/levers.py) against the exact fake-tensor run, and a search whose
-recommendation a lever changes (plan/lever_search.py)."""
+"""The planner's memory-lever terms (plan/physics/levers.py) against the exact fake-tensor run, and a search whose
+recommendation a lever changes (plan/search/lever_search.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import dataclasses
 import pytest
 
 from meshforge.config.io import load_config
-from meshforge.plan import levers
-from meshforge.plan.advisor import search
-from meshforge.plan.estimate import estimate
 from meshforge.plan.hardware import GIB, load_hardware
 from meshforge.plan.layout import Layout, layout_args, layout_from_config
-from meshforge.plan.lever_search import explain
-from meshforge.plan.peak import memory
+from meshforge.plan.physics import levers
+from meshforge.plan.physics.estimate import estimate
+from meshforge.plan.physics.peak import memory
+from meshforge.plan.search.advisor import search
+from meshforge.plan.search.lever_search import explain
 
 EIGHT_B = ["--training.seq_len", "8192", "--training.local_batch_size", "2"]
 
@@ -55,7 +55,7 @@ def test_activation_offload_matches_the_exact_run(mode: str) -> None:
     """Activation offload at 8B FSDP 8, seq 8192, lb 2: the planner's tensor peak within 4 % of the exact run's, and
     what it saves within 25 %. Under per-op SAC the checkpoint's own hooks keep its cached op outputs on the device
     (exact: 66.99 -> 62.18 GiB); a planner that offloads them too predicts ~37 GiB and fails."""
-    from meshforge.plan.peak import rank_allocated
+    from meshforge.plan.physics.peak import rank_allocated
     from meshforge.tools.memory_cli import exact_memory
 
     flags = ["--activation_checkpoint.mode", mode]
@@ -113,8 +113,8 @@ def test_a_lever_changes_the_search_recommendation(monkeypatch: pytest.MonkeyPat
 
 
 def test_lever_layouts_round_trip_through_the_train_flags() -> None:
-    """A recommended lever layout's launch flags (plan/guide.py) give the same layout back."""
-    from meshforge.plan.guide import layout_overrides
+    """A recommended lever layout's launch flags (plan/guide/guide.py) give the same layout back."""
+    from meshforge.plan.guide.guide import layout_overrides
 
     flags = ["--training.loss_chunks", "8", "--activation_checkpoint.offload", "--training.enable_cpu_offload"]
     layout = planned(flags)
@@ -136,7 +136,7 @@ def test_offloads_must_fit_the_hosts_memory_per_gpu() -> None:
     """FSDP CPU offload of 405B over 8 ranks puts ~810 GB of fp32 state on each GPU's share of the host (a DGX node has
     2 TB for 8 GPUs): the lever search does not call that fitting; 70B's ~140 GB per GPU does fit (under full AC:
     with per-op SAC its kept op outputs, 66 GiB, stay on the device whatever is offloaded)."""
-    from meshforge.plan.lever_search import fitting_lever
+    from meshforge.plan.search.lever_search import fitting_lever
 
     h100 = load_hardware("h100")
     usable = h100.spec.memory_gib - h100.spec.runtime_gib

@@ -2,11 +2,11 @@
 
 tests/fixtures/exact_memory.json is rank 0's peak by category from tools/memory_run.py (regenerate it with
 ``PYTHONPATH=src python scripts/exact_memory_fixture.py`` after a change to the model, parallelize or the tracker);
-plan/peak.py's categories (before the fitted slack) must match it: each category within CATEGORY_TOL of the exact
-peak, every peak within PEAK_TOL, and the median peak error within MEDIAN_TOL. Planting any of the bugs the exact
-run found fails it: gradients counted at the loss peak (+3.7 GiB on 8B FSDP 8), the old buffers (two gathered
-blocks, the root, unsharded gradients: +6.8 GiB), one reduce-scatter output per block under TP (-3 GiB on 8B TP 8),
-the head's saved inputs dropped (-0.75 GiB on every 8B row: the median moves past 1 %).
+plan/physics/peak.py's categories (before the fitted slack) must match it: each category within CATEGORY_TOL of the
+exact peak, every peak within PEAK_TOL, and the median peak error within MEDIAN_TOL. Planting any of the bugs the exact
+run found fails it: gradients counted at the loss peak (+3.7 GiB on 8B FSDP 8), the old buffers (two gathered blocks,
+the root, unsharded gradients: +6.8 GiB), one reduce-scatter output per block under TP (-3 GiB on 8B TP 8), the head's
+saved inputs dropped (-0.75 GiB on every 8B row: the median moves past 1 %).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from meshforge.plan.exact import exact_groups, planner_groups
+from meshforge.plan.accuracy.exact import exact_groups, planner_groups
 
 FIXTURE = Path("tests/fixtures/exact_memory.json")
 CATEGORY_TOL = 0.05
@@ -35,7 +35,7 @@ def _errors(layout: dict[str, object]) -> tuple[dict[str, float], dict[str, floa
 
 
 def test_fixture_covers_every_traceable_published_layout() -> None:
-    from meshforge.plan.published import RUNS
+    from meshforge.plan.accuracy.published import RUNS
 
     covered = {row for layout in LAYOUTS for row in layout["rows"]}
     not_pp = {r.key for r in RUNS if "--parallelism.pipeline_parallel_degree" not in r.overrides}

@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 
 from meshforge.model.flavors import get_flavor
-from meshforge.plan import schedules
 from meshforge.plan.layout import Layout
-from meshforge.plan.memory import rank_parts, saved_bytes_per_token, transient_bytes_per_token
-from meshforge.plan.peak import rank_allocated
+from meshforge.plan.physics import schedules
+from meshforge.plan.physics.memory import saved_bytes_per_token, transient_bytes_per_token
+from meshforge.plan.physics.parts import rank_parts
+from meshforge.plan.physics.peak import rank_allocated
 
 
 def test_interleaved_activations_are_in_flight_times_layers_over_v() -> None:
@@ -47,13 +48,13 @@ def test_compiled_loss_is_read_per_torchtitan_commit() -> None:
     so, the Dec-2024 compile rows (9dec370: commented out) are not; a compiled loss keeps 4 bytes per logit, not 12."""
     from dataclasses import replace
 
-    from meshforge.plan import validate
-    from meshforge.plan.memory import COMPILED_LOSS_BYTES_PER_LOGIT, LOSS_BYTES_PER_LOGIT
+    from meshforge.plan.accuracy import loo
+    from meshforge.plan.physics.memory import COMPILED_LOSS_BYTES_PER_LOGIT, LOSS_BYTES_PER_LOGIT
 
-    read = {o.name: o.layout.compiled_loss for o in validate.observations()}
+    read = {o.name: o.layout.compiled_loss for o in loo.observations()}
     assert read["trainy.8b_32"] and read["torchao-b200.8b_fp8"]
     assert not read["table1.fsdp_compile"] and not read["torchao.8b_bf16"]
-    layout = next(o.layout for o in validate.observations() if o.name == "table1.fsdp_compile")
+    layout = next(o.layout for o in loo.observations() if o.name == "table1.fsdp_compile")
     args = get_flavor("8B")
     plain = rank_allocated(args, layout, 0).activations
     compiled = rank_allocated(args, replace(layout, compiled_loss=True), 0).activations

@@ -7,7 +7,7 @@ import pytest
 from meshforge.model.flavors import get_flavor, param_counts
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.layout import Layout
-from meshforge.plan.moe import all_to_all, expert_link, moe_estimate
+from meshforge.plan.physics.moe import all_to_all, expert_link, moe_estimate
 
 ARGS = get_flavor("deepseek_v3_671B")
 HW = load_hardware("h100")

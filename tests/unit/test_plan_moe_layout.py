@@ -10,12 +10,12 @@ import pytest
 from meshforge.cli import main
 from meshforge.config.io import ConfigError, load_config
 from meshforge.model.flavors import flops_per_token, get_flavor
-from meshforge.plan import advisor
-from meshforge.plan.estimate import estimate
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.layout import Layout, layout_args, layout_from_config
-from meshforge.plan.memory import compute_view, local_param_numel, rank_parts, routed_rank_numel
-from meshforge.plan.peak import memory
+from meshforge.plan.physics.estimate import estimate
+from meshforge.plan.physics.parts import compute_view, local_param_numel, rank_parts, routed_rank_numel
+from meshforge.plan.physics.peak import memory
+from meshforge.plan.search import advisor
 from meshforge.tools.dry_run import plan as dry_run
 
 H100 = load_hardware("h100")

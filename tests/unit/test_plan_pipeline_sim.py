@@ -7,8 +7,8 @@ import warnings
 import pytest
 
 from meshforge.parallel.pipeline.simulator import StageCost, rank_order, simulate, spell
-from meshforge.plan import schedules
 from meshforge.plan.layout import Layout
+from meshforge.plan.physics import schedules
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -181,8 +181,8 @@ def test_gradient_accumulation_repeats_the_schedule() -> None:
     """Each accumulation step runs the schedule again: the bubble and sends repeat, the activations in flight do not."""
     from dataclasses import replace
 
-    from meshforge.plan.estimate import estimate
     from meshforge.plan.hardware import load_hardware
+    from meshforge.plan.physics.estimate import estimate
 
     hw = load_hardware("h100")
     one = Layout(flavor="debugmodel", seq_len=2048, local_batch_size=8, pp=4, schedule="GPipe")

@@ -1,14 +1,14 @@
-"""The held-out production layouts (plan/production.py: Llama 3 405B at 8,192-16,384 H100s, never fitted)."""
+"""The held-out production layouts (plan/accuracy/production.py: Llama 3 405B at 8,192-16,384 H100s, never fitted)."""
 
 from __future__ import annotations
 
 import pytest
 
 from meshforge.config.io import load_config
-from meshforge.plan import production, published
-from meshforge.plan.estimate import estimate
+from meshforge.plan.accuracy import production, published
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.layout import layout_from_config
+from meshforge.plan.physics.estimate import estimate
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -1,5 +1,5 @@
 """The guide's fast search (memoized simulations, pruned by a throughput bound) gives the full search's guide, to the
-byte, and its memo keys keep apart what gives different results (plan/prune.py, plan/schedules.py)."""
+byte, and its memo keys keep apart what gives different results (plan/search/prune.py, plan/physics/schedules.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from typing import Any
 import pytest
 
 from meshforge.parallel.pipeline import simulator as sim
-from meshforge.plan import advisor, guide, guide_flow, prune, schedules
+from meshforge.plan.guide import flow as guide_flow
+from meshforge.plan.guide import guide
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.layout import Layout
+from meshforge.plan.physics import schedules
+from meshforge.plan.search import advisor, prune
 
 CELLS = (("8B", 8, 32768), ("70B", 64, 8192), ("405B", 256, 8192))
 """One cell per model where pipeline layouts compete (3D / 4D recommendations and runner-ups)."""

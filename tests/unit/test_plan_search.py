@@ -8,9 +8,11 @@ import pytest
 
 from meshforge.config.io import ConfigError, load_config
 from meshforge.model.flavors import get_flavor
-from meshforge.plan import advisor, article, report
+from meshforge.plan import report
+from meshforge.plan.accuracy import article
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.layout import Layout, check_layout, layout_from_config
+from meshforge.plan.search import advisor
 
 CASES = {"8B": article.CASES[0], "70B": article.CASES[3], "405B": article.CASES[6]}
 

@@ -1,12 +1,12 @@
-"""The planner's shortcuts for long pipeline schedules equal the full simulation (plan/schedules.py)."""
+"""The planner's shortcuts for long pipeline schedules equal the full simulation (plan/physics/schedules.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from meshforge.parallel.pipeline import simulator as sim
-from meshforge.plan import schedules
 from meshforge.plan.layout import Layout
+from meshforge.plan.physics import schedules
 
 SHAPES = [
     (schedule, v, p, rounds)
@@ -43,9 +43,9 @@ def test_search_shortcuts_keep_every_layout(monkeypatch: pytest.MonkeyPatch) -> 
     predicted speed, within 0.01 % (a schedule whose rounds repeat with a longer period), as the search that
     simulates every schedule in full (order may differ between layouts tied to rounding)."""
     from meshforge.config.io import load_config
-    from meshforge.plan import advisor
     from meshforge.plan.hardware import load_hardware
     from meshforge.plan.layout import layout_from_config
+    from meshforge.plan.search import advisor
 
     overrides = ["--model.flavor", "70B", "--training.seq_len", "8192", "--training.local_batch_size", "16"]
     base = layout_from_config(load_config(None, overrides), 32)

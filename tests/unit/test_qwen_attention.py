@@ -141,7 +141,7 @@ def test_hand_built_hf_tensors_land_in_the_right_parameters(tmp_path: Path) -> N
 
 def test_planner_parameters_equal_the_dry_run_under_fsdp_and_tp() -> None:
     from meshforge.plan.layout import layout_args, layout_from_config
-    from meshforge.plan.memory import local_param_numel, rank_parts
+    from meshforge.plan.physics.parts import local_param_numel, rank_parts
     from meshforge.tools.dry_run import plan as dry_run
 
     for name in ("qwen3_tiny", "qwen2_tiny"):

@@ -1,11 +1,11 @@
 """The measured guide of a bench sweep: which strategy family won per model and rank count on this machine, beside
-the one the planner's predictions for the same runs pick (the predicted guide, plan/guide.py's families)."""
+the one the planner's predictions for the same runs pick (the predicted guide, plan/guide/guide.py's families)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from meshforge.plan.guide import family_of
+from meshforge.plan.guide.guide import family_of
 
 
 def _family(record: dict[str, Any]) -> str:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.bench.machine import cpu_cores
-from meshforge.plan import calibrate, folds
-from meshforge.plan.estimate import estimate
+from meshforge.plan.accuracy import calibrate, folds
 from meshforge.plan.hardware import HardwareProfile, load_hardware
+from meshforge.plan.physics.estimate import estimate
 
-PREDICT_SOURCES = ("plan/calibrate.py", "plan/shipped.py", "bench/predict.py", "device/peak.py")
+PREDICT_SOURCES = ("plan/accuracy/calibrate.py", "plan/shipped.py", "bench/predict.py", "device/peak.py")
 """Besides plan/folds.PREDICTION_SOURCES (every module on the planner's prediction path), what these predictions
 run: the calibration, the shipped GPU constants (a GPU preset's start), this file, and the CPU probe behind the
 ``cpu`` preset's peaks."""

@@ -5,7 +5,7 @@ Setups as the article and its source state them: 8x H100 SXM (96 GB HBM2e, 500 W
 the named features, C4, AdamW. TPS/GPU read at step 90; memory is the maximum over GPUs. A measured run is compared
 figure-for-figure only when its setup matches (flavor, world size, layout, sequence length); otherwise only the
 relative gain over the table's first row is put beside the measured one. The rows themselves, with their sources, are
-defined once in meshforge.plan.published.
+defined once in meshforge.plan.accuracy.published.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from meshforge.config.io import load_config
 from meshforge.errors import ConfigError
-from meshforge.plan import published
+from meshforge.plan.accuracy import published
 from meshforge.plan.layout import layout_from_config
 
 
@@ -72,7 +72,7 @@ def _figure(run: published.Run) -> ArticleFigure:
 
 
 FIGURES: dict[str, ArticleFigure] = {r.key: _figure(r) for r in published.article_runs()}
-"""The article's rows, derived from meshforge.plan.published (the one definition of every published row)."""
+"""The article's rows, derived from meshforge.plan.accuracy.published (the one definition of every published row)."""
 
 CLAIMS = (
     "FSDP + compile + Float8 raises 8B throughput by 48% over FSDP and lowers memory by 7% (table 1).",

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import NoReturn
 
 from meshforge.config.io import ConfigError, load_config
-from meshforge.plan import calibrate, guide_cli, loo_report, production, published, report, validate
-from meshforge.plan import fault_tolerance as ft
-from meshforge.plan.advisor import search
-from meshforge.plan.estimate import estimate, pipeline_timeline
+from meshforge.plan import report
+from meshforge.plan.accuracy import calibrate, folds, loo, loo_report, production, published
+from meshforge.plan.accuracy.interval import interval
+from meshforge.plan.guide import cli as guide_cli
 from meshforge.plan.hardware import HardwareProfile, auto_param_dtype, load_hardware, preset_names, save_profile
-from meshforge.plan.interval import interval
 from meshforge.plan.layout import IMPLEMENTATIONS, layout_from_config
+from meshforge.plan.physics import fault_tolerance as ft
+from meshforge.plan.physics.estimate import estimate, pipeline_timeline
+from meshforge.plan.search.advisor import search
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--article",
         action="store_true",
-        help="leave-one-out predicted vs published for every published row (plan/published.py)",
+        help="leave-one-out predicted vs published for every published row (plan/accuracy/published.py)",
     )
     parser.add_argument(
         "--timeline", action="store_true", help="also show the simulated pipeline step, one line per pipeline rank"
@@ -101,20 +103,20 @@ def main(argv: list[str]) -> int:
 
 
 def run_article(opts: argparse.Namespace) -> int:
-    """Every published row (plan/published.py): honest leave-one-out and in-sample predictions, per family."""
-    v = validate.validation()
+    """Every published row (plan/accuracy/published.py): honest leave-one-out and in-sample predictions, per family."""
+    v = folds.validation()
     stats = report.fit_statistics(v.fitted.time, v.fitted.memory, v.fitted.start)
     held_out = production.predict_held_out()
     if opts.json:
         out = {
-            "summary": validate.summary(v.loo),
-            "in_sample_summary": validate.summary(v.in_sample),
-            "by_family": validate.by_family(v.loo),
-            "in_sample_by_family": validate.by_family(v.in_sample),
-            "method": "leave-one-out: every fold refitted from the neutral start (plan/validate.py NEUTRAL)",
+            "summary": loo.summary(v.loo),
+            "in_sample_summary": loo.summary(v.in_sample),
+            "by_family": loo.by_family(v.loo),
+            "in_sample_by_family": loo.by_family(v.in_sample),
+            "method": "leave-one-out: every fold refitted from the neutral start (plan/accuracy/loo.py NEUTRAL)",
             "fit": stats,
             "coverage": loo_report.coverage(v),
-            "rows": [_article_row(loo, ins) for loo, ins in zip(v.loo, v.in_sample, strict=True)],
+            "rows": [_article_row(held, ins) for held, ins in zip(v.loo, v.in_sample, strict=True)],
             "held_out": [
                 {
                     "key": p.row.key,
@@ -148,23 +150,23 @@ def run_article(opts: argparse.Namespace) -> int:
     return 0
 
 
-def _article_row(loo: validate.Prediction, ins: validate.Prediction) -> dict[str, object]:
-    run = published.run(loo.key)
+def _article_row(held: loo.Prediction, ins: loo.Prediction) -> dict[str, object]:
+    run = published.run(held.key)
     return {
         "key": run.key,
         "source": run.source,
         "setup": run.name,
         "hardware": run.hardware,
-        "family": loo.family,
+        "family": held.family,
         "article_table": run.article_table,
         "tps_published": run.tps,
-        "tps_predicted": round(loo.estimate.tps_per_device, 1),
+        "tps_predicted": round(held.estimate.tps_per_device, 1),
         "tps_predicted_in_sample": round(ins.estimate.tps_per_device, 1),
-        "tps_error": None if loo.tps_error is None else round(loo.tps_error, 4),
+        "tps_error": None if held.tps_error is None else round(held.tps_error, 4),
         "tps_error_in_sample": None if ins.tps_error is None else round(ins.tps_error, 4),
         "memory_published_gib": run.memory_gib,
-        "memory_predicted_gib": round(loo.estimate.peak_memory_gib, 2),
-        "memory_error": None if loo.memory_error is None else round(loo.memory_error, 4),
+        "memory_predicted_gib": round(held.estimate.peak_memory_gib, 2),
+        "memory_error": None if held.memory_error is None else round(held.memory_error, 4),
         "memory_error_in_sample": None if ins.memory_error is None else round(ins.memory_error, 4),
     }
 

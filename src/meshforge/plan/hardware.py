@@ -1,8 +1,8 @@
 """Hardware profiles: datasheet figures of a device and its links, plus the few efficiency constants of the model.
 
 A profile = ``HardwareSpec`` (what the vendor states, or what the CPU probe measures) + ``Efficiency`` (what fraction of
-it training kernels reach, fitted to every published row of plan/published.py; see docs/planner.md). Presets live in
-``PRESETS``; ``load_hardware`` also reads a TOML file with the same keys (configs/hardware/example.toml), and
+it training kernels reach, fitted to every published row of plan/accuracy/published.py; see docs/planner.md). Presets
+live in ``PRESETS``; ``load_hardware`` also reads a TOML file with the same keys (configs/hardware/example.toml), and
 ``save_profile`` writes one (what ``meshforge plan --calibrate`` produces).
 """
 
@@ -27,7 +27,7 @@ GIB = 1024**3
 class Efficiency:
     """Fractions of the datasheet figures that training reaches: few, named, each documented in docs/planner.md.
 
-    The GPU defaults are the h100-96gb family's fit to every published row (plan/shipped.py, by plan/validate.py;
+    The GPU defaults are the h100-96gb family's fit to every published row (plan/shipped.py, by plan/accuracy/loo.py;
     rounded); ``family_efficiency`` gives another generation's. tests/unit/test_plan_validate.py fails when a change
     to the physics is not followed by a refit."""
 
@@ -53,7 +53,7 @@ class Efficiency:
     Merged into allocator_overhead for the GPU presets (see there)."""
     tps_log_sd: float = shipped.REFERENCE["tps_log_sd"]
     """Spread of this profile's tokens/s predictions: RMS of log(predicted / measured) over the leave-one-out
-    predictions of the rows it was fitted to (plan/validate.py); the interval is +-1 of it."""
+    predictions of the rows it was fitted to (plan/accuracy/loo.py); the interval is +-1 of it."""
     memory_log_sd: float = shipped.REFERENCE["memory_log_sd"]
     """The same spread for the peak memory."""
 

@@ -71,7 +71,7 @@ class Layout:
     threads_per_rank: int = 0
     """CPU ranks: compute threads of each (0 = as many as the hardware probe used)."""
     loss_chunks: int = 1
-    """Memory levers (plan/levers.py): training.loss_chunks, activation_checkpoint.offload and (below)
+    """Memory levers (plan/physics/levers.py): training.loss_chunks, activation_checkpoint.offload and (below)
     training.enable_cpu_offload."""
     activation_offload: bool = False
     cpu_offload: bool = False

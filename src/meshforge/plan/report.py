@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from meshforge.model.flavors import param_counts
-from meshforge.plan import fit as fitting
-from meshforge.plan.advisor import SearchResult, best_by, complexity
-from meshforge.plan.estimate import Estimate
-from meshforge.plan.fit import Fit, MemoryFit
+from meshforge.plan.accuracy import fit as fitting
+from meshforge.plan.accuracy.fit import Fit, MemoryFit
+from meshforge.plan.accuracy.interval import Interval, difference_sd, interval, separable
 from meshforge.plan.hardware import GIB, HardwareProfile
-from meshforge.plan.interval import Interval, difference_sd, interval, separable
 from meshforge.plan.layout import layout_args
-from meshforge.plan.lever_search import explain
-from meshforge.plan.memory import MAX_LOAD, STATE_BYTES, routed_rank_numel
+from meshforge.plan.physics.estimate import Estimate
+from meshforge.plan.physics.memory import STATE_BYTES
+from meshforge.plan.physics.parts import MAX_LOAD, routed_rank_numel
+from meshforge.plan.search.advisor import SearchResult, best_by, complexity
+from meshforge.plan.search.lever_search import explain
 
 TIME_LABELS = {
     "compute": "compute (matmuls, attention, element-wise)",
@@ -196,7 +197,7 @@ def format_search(result: SearchResult, hw: HardwareProfile) -> str:
         lines.append(_row("runner-up", result.ranked[1], hw))
     if result.baseline is not None:
         lines.append(_row("your config", result.baseline, hw))
-    lines += [line for line in [explain(best, hw, layout_args(lay))] if line]  # memory levers (plan/levers.py)
+    lines += [line for line in [explain(best, hw, layout_args(lay))] if line]  # memory levers (plan/physics/levers.py)
     lines += ["", separation(result, hw)]
     lines += [f"not searched: {feature}: {reason}" for feature, reason in result.excluded]
     lines += ["", "why this TP degree (best fitting layout per TP degree):"]

@@ -1,7 +1,7 @@
-"""The shipped GPU constants: the fit of plan/validate.py to every published row, from its neutral start (rounded).
+"""The shipped GPU constants: the fit of plan/accuracy/loo.py to every published row, from its neutral start (rounded).
 
 Kept apart from hardware.py so that refitting them changes no file the leave-one-out folds depend on (the folds start
-from validate.NEUTRAL, never from these; plan/folds.py's key hashes hardware.py's code). The test
+from validate.NEUTRAL, never from these; plan/accuracy/folds.py's key hashes hardware.py's code). The test
 tests/unit/test_plan_validate.py fails when they are not the fit. ``REFERENCE`` is the h100-96gb family's (the
 shared constants: 29 of the 37 rows); ``FAMILIES`` holds, per GPU generation the rows determine, its speed factor on
 matmul and attention (fit.FAMILY_SCALES) and its own leave-one-out spreads; ``UNSEEN`` is a generation with no row:
@@ -17,7 +17,7 @@ REFERENCE: dict[str, float] = {
     "memory_bandwidth": 0.9482,
     "network": 0.8883,
     "async_tp_overlap": 0.5,  # not identified by the rows (log standard error > 1): held at the neutral start
-    "allocator_overhead": 0.1945,  # allocator rounding, CUDA context, NCCL over plan/peak.py's exact-checked terms
+    "allocator_overhead": 0.1945,  # allocator rounding, CUDA context, NCCL over physics/peak.py's exact-checked terms
     "framework_gib": 0.0,  # merged into allocator_overhead (estimates correlated -0.97)
     "tps_log_sd": 0.0879,
     "memory_log_sd": 0.0671,

@@ -232,7 +232,7 @@ def rank_work(layout: ScheduleShape, costs: Sequence[StageCost], overhead: float
     """Every rank's work in one schedule step without simulating it: each of its stages runs every microbatch's
     forward and backward (split schedules: input- and weight-gradient halves, one more action's overhead). A
     simulation's rank_busy equals it up to rounding, and no makespan is shorter than the largest: the search's bound
-    (plan/advisor.py)."""
+    (plan/search/advisor.py)."""
     actions = 3 if layout.schedule in SPLIT_BACKWARD else 2
     per_stage = [actions * overhead + c.forward + c.backward for c in costs]
     m, p, v = layout.schedule_microbatches, layout.pp, layout.stages_per_rank

@@ -1,7 +1,7 @@
-"""The published rows (plan/published.py) as the planner predicts them with the shipped constants.
+"""The published rows (plan/accuracy/published.py) as the planner predicts them with the shipped constants.
 
 ``reproduce`` is in-sample for every row the shipped constants were fitted to (all of published.RUNS): the accuracy
-that means something is the leave-one-out one (plan/validate.py, ``meshforge plan --article`` prints both).
+that means something is the leave-one-out one (plan/accuracy/loo.py, ``meshforge plan --article`` prints both).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import statistics
 from dataclasses import dataclass
 
 from meshforge.config.io import load_config
-from meshforge.plan import published
-from meshforge.plan.estimate import Estimate, estimate
+from meshforge.plan.accuracy import published
+from meshforge.plan.accuracy.published import Run
 from meshforge.plan.hardware import HardwareProfile, load_hardware
 from meshforge.plan.layout import layout_from_config
-from meshforge.plan.published import Run
+from meshforge.plan.physics.estimate import Estimate, estimate
 
 ARTICLE_IMPL = "torchtitan"
 CASES: tuple[Run, ...] = published.article_runs()

@@ -1,7 +1,8 @@
 """Fit a hardware profile's efficiency constants to measured runs (``meshforge bench`` results.json).
 
-The fitting is plan/fit.py's (scipy least squares on log-multipliers, bounded, with standard errors and the runs that
-determine each constant); the same code fits the shipped GPU defaults to the published rows (plan/validate.py).
+The fitting is plan/accuracy/fit.py's (scipy least squares on log-multipliers, bounded, with standard errors and the
+runs that determine each constant); the same code fits the shipped GPU defaults to the published rows
+(plan/accuracy/loo.py).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Any
 
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import get_flavor
-from meshforge.plan.estimate import estimate
-from meshforge.plan.fit import Fit, MemoryFit, Observation, allocated_gib, fit_memory, fit_time
+from meshforge.plan.accuracy.fit import Fit, MemoryFit, Observation, allocated_gib, fit_memory, fit_time
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, normalize_schedule, with_stages
+from meshforge.plan.physics.estimate import estimate
 
 TIME_CONSTANTS = ("matmul", "memory_bandwidth", "network", "intra_node_latency", "stage_overhead")
 """What --calibrate fits by default: compute, element-wise and communication efficiency, the per-step latency of

@@ -14,10 +14,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from meshforge.config.io import ConfigError
+from meshforge.config.io import ConfigError, load_config
 from meshforge.model.flavors import get_flavor
-from meshforge.plan.layout import Layout
-from meshforge.plan.memory import local_param_numel, rank_parts
+from meshforge.model.hf_config import resolve_model_args
+from meshforge.plan.layout import Layout, layout_from_config
+from meshforge.plan.physics.parts import local_param_numel, rank_parts
+from meshforge.plan.physics.peak import rank_allocated
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ def analytical_param_numel(case: ExactCase) -> int:
 
 def exact_param_numel(cases: list[ExactCase], timeout_s: float = 180.0) -> list[int]:
     """Rank 0's parameter elements for each case, measured on the real sharded model in one subprocess."""
-    cmd = [sys.executable, "-m", "meshforge.plan.exact", *(c.spec() for c in cases)]
+    cmd = [sys.executable, "-m", "meshforge.plan.accuracy.exact", *(c.spec() for c in cases)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -111,9 +113,9 @@ CATEGORY_GROUPS = {
     "activations": ("activations", "activations_inputs", "temporaries"),
     "buffers": ("parameters_unsharded", "gradients_unsharded", "all_gather", "reduce_scatter"),
 }
-"""The planner's categories (plan/peak.py PeakTerms) as sums of the exact step's (tools/memory_run.py CATEGORIES):
-the tracker files the loss's logits under activations or temporaries by where they were made, the planner counts
-them with the activations."""
+"""The planner's categories (plan/physics/peak.py PeakTerms) as sums of the exact step's (tools/memory_run.py
+CATEGORIES): the tracker files the loss's logits under activations or temporaries by where they were made, the planner
+counts them with the activations."""
 
 
 def exact_groups(by_category: dict[str, int]) -> dict[str, float]:
@@ -122,12 +124,8 @@ def exact_groups(by_category: dict[str, int]) -> dict[str, float]:
 
 
 def planner_groups(overrides: list[str], world_size: int) -> dict[str, float]:
-    """plan/peak.py's bytes at the peak of pipeline rank 0 for a config, by category (before the fitted slack)."""
-    from meshforge.config.io import load_config
-    from meshforge.model.hf_config import resolve_model_args
-    from meshforge.plan.layout import layout_from_config
-    from meshforge.plan.peak import rank_allocated
-
+    """plan/physics/peak.py's bytes at the peak of pipeline rank 0 for a config, by category (before the fitted
+    slack)."""
     cfg = load_config(None, overrides)
     args = resolve_model_args(cfg.model, cfg.training.seq_len)
     t = rank_allocated(args, layout_from_config(cfg, world_size), 0)

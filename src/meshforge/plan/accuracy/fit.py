@@ -21,9 +21,9 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from meshforge.config.io import ConfigError
-from meshforge.plan.estimate import estimate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout
+from meshforge.plan.physics.estimate import estimate
 
 LOG_RANGE = math.log(100.0)
 """A fitted constant stays within 100x of its starting value either way (unless BOUNDS is tighter)."""

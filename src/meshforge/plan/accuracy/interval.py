@@ -19,16 +19,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshforge.plan import shipped
-from meshforge.plan.estimate import Estimate
-from meshforge.plan.fit import jacobian_row
+from meshforge.plan.accuracy.fit import jacobian_row
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout
+from meshforge.plan.physics.estimate import Estimate
 
 COVARIANCE_NAMES: tuple[str, ...] = shipped.COVARIANCE_NAMES
 COVARIANCE: tuple[tuple[float, ...], ...] = shipped.COVARIANCE
 """Covariance of the GPU constants' log-multipliers (the shared ones and the family factors) from the fit to the
-published rows (plan/validate.py, kept in plan/shipped.py; a test recomputes it). Used for GPU profiles; a calibrated
-CPU profile carries only its spread."""
+published rows (plan/accuracy/loo.py, kept in plan/shipped.py; a test recomputes it). Used for GPU profiles; a
+calibrated CPU profile carries only its spread."""
 SEPARABLE_Z = 1.0
 """Two layouts are separable when their predicted log ratio exceeds this many standard deviations of a predicted
 ratio's error (as the intervals: one)."""

@@ -1,11 +1,12 @@
-"""The planner judged on published runs it was not fitted to: an honest leave-one-out over plan/published.py.
+"""The planner judged on published runs it was not fitted to: an honest leave-one-out over plan/accuracy/published.py.
 
 For every published row: fit the constants to all the other rows *from the neutral start* (``NEUTRAL``: the middle
 of each constant's physical bounds, no reading of the rows), with the per-family speed factors of the GPU generations
 the other rows determine, then predict the row (``fit.fit_time`` for tokens/s, ``fit.fit_memory`` for the peak). The
 median of those errors is the planner's accuracy (docs/planner.md); the in-sample error of the fit to all rows (also
 from the neutral start) is reported beside it, labelled as such. The folds are cached with a key over everything
-they depend on (plan/folds.py), so ``meshforge plan --article`` refits only when the physics or the rows change.
+they depend on (plan/accuracy/folds.py), so ``meshforge plan --article`` refits only when the physics or the rows
+change.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from meshforge.config.io import load_config
-from meshforge.plan import fit, published
-from meshforge.plan.estimate import Estimate, estimate
+from meshforge.plan.accuracy import fit, published
 from meshforge.plan.hardware import Efficiency, HardwareProfile, load_hardware
 from meshforge.plan.layout import layout_from_config
+from meshforge.plan.physics.estimate import Estimate, estimate
 
 IMPL = "torchtitan"
 """Every published row ran TorchTitan's code."""
@@ -176,31 +177,9 @@ def by_family(preds: Sequence[Prediction]) -> dict[str, dict[str, float]]:
     return {n: summary([p for p in preds if p.family == n]) for n in names}
 
 
-@dataclass
-class Validation:
-    """The fit to every published row, its in-sample predictions, and the honest leave-one-out predictions."""
-
-    fitted: Fitted
-    in_sample: list[Prediction]
-    loo: list[Prediction]
-    folds: dict[str, Fitted]
-    """Each row's fold: the constants fitted without it, from the neutral start."""
-
-
 def fold(obs: Sequence[fit.Observation], key: str) -> Fitted:
     """The fit to every row but ``key``, from the neutral start (nothing of the left-out row reaches it)."""
     return fit_rows([o for o in obs if o.name != key], neutral())
-
-
-def validation() -> Validation:
-    """The honest leave-one-out (plan --article, the tests): cached folds where their key matches, else refitted."""
-    from meshforge.plan import folds
-
-    obs = observations()
-    full, per_row = folds.load_or_fit(obs)
-    in_sample = [predict(o, full.profile_for(o)) for o in obs]
-    loo = [predict(o, per_row[o.name].profile_for(o)) for o in obs]
-    return Validation(full, in_sample, loo, per_row)
 
 
 def fitted_from(scale: dict[str, float], memory: fit.MemoryFit) -> Fitted:

@@ -1,6 +1,6 @@
-"""The honest leave-one-out of plan/validate.py as Markdown: every row beside its in-sample error, then per family.
+"""The honest leave-one-out of plan/accuracy/loo.py as Markdown: every row beside its in-sample error, then per family.
 
-Kept out of validate.py (on the prediction path, hashed by plan/folds.py's key) so that its wording can change
+Kept out of loo.py (on the prediction path, hashed by plan/accuracy/folds.py's key) so that its wording can change
 without refitting the folds.
 """
 
@@ -11,9 +11,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from meshforge.plan import interval, published
+from meshforge.plan.accuracy import fit, interval, loo, published
+from meshforge.plan.accuracy.folds import Validation
+from meshforge.plan.accuracy.loo import Prediction, by_family, observations, summary
 from meshforge.plan.hardware import load_hardware
-from meshforge.plan.validate import Prediction, Validation, by_family, observations, summary
 
 
 def row_interval(pred: Prediction, v: Validation) -> interval.Interval:
@@ -33,17 +34,17 @@ def format_validation(v: Validation) -> str:
         "memory GiB published | LOO predicted | LOO error | in-sample error | LOO memory verdict |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for loo, ins in zip(v.loo, v.in_sample, strict=True):
-        run, e = runs[loo.key], loo.estimate
-        iv = row_interval(loo, v)
+    for held, ins in zip(v.loo, v.in_sample, strict=True):
+        run, e = runs[held.key], held.estimate
+        iv = row_interval(held, v)
         mem = (
-            f"{run.memory_gib:.1f} | {e.peak_memory_gib:.1f} | {loo.memory_error:+.1%} | {ins.memory_error:+.1%}"
-            if loo.memory_error is not None and ins.memory_error is not None
+            f"{run.memory_gib:.1f} | {e.peak_memory_gib:.1f} | {held.memory_error:+.1%} | {ins.memory_error:+.1%}"
+            if held.memory_error is not None and ins.memory_error is not None
             else f"- | {e.peak_memory_gib:.1f} | - | -"
         )
         lines.append(
             f"| {run.name} | {run.source} | {run.hardware} | {run.tps:,.0f} | {e.tps_per_device:,.0f} | "
-            f"{loo.tps_error or 0:+.1%} | {ins.tps_error or 0:+.1%} | {mem} | {iv.verdict} "
+            f"{held.tps_error or 0:+.1%} | {ins.tps_error or 0:+.1%} | {mem} | {iv.verdict} "
             f"({iv.memory_low:.0f}-{iv.memory_high:.0f} of {iv.usable_gib:.0f}) |"
         )
     s, i = summary(v.loo), summary(v.in_sample)
@@ -120,24 +121,22 @@ def shipped_values(v: Validation) -> dict[str, object]:
     its factor and spreads (the NOMINAL quantile of its rows' honest leave-one-out errors, at least the pooled one
     below MIN_FAMILY_ROWS), the unseen generation's spreads (the reference's with the family prior added), the
     covariance and the paired spread."""
-    from meshforge.plan import fit, validate
-
     start, scale = v.fitted.start, v.fitted.time.scale
-    ref: dict[str, float] = {n: fit.value(start, n) * scale.get(n, 1.0) for n in validate.TIME_NAMES}
+    ref: dict[str, float] = {n: fit.value(start, n) * scale.get(n, 1.0) for n in loo.TIME_NAMES}
     mem = v.fitted.memory
     ref |= {"allocator_overhead": mem.allocator_overhead, "framework_gib": mem.framework_gib}
     rows = {name: [p for p in v.loo if p.family == name] for name in by_family(v.loo)}
     for kind in ("tps", "memory"):
-        ref[f"{kind}_log_sd"] = spread(rows[validate.REFERENCE], kind)[1]
+        ref[f"{kind}_log_sd"] = spread(rows[loo.REFERENCE], kind)[1]
     families = {}
     for name, preds in rows.items():
-        if name == validate.REFERENCE:
+        if name == loo.REFERENCE:
             continue
         families[name] = {"factor": scale.get(fit.FAMILY + name, 1.0)}
         for kind in ("tps", "memory"):
             n, own = spread(preds, kind)
             families[name][f"{kind}_log_sd"] = max(own, spread(v.loo, kind)[1]) if n < MIN_FAMILY_ROWS else own
-    prior = validate.FAMILY_PRIOR_SD
+    prior = loo.FAMILY_PRIOR_SD
     unseen = {k: math.hypot(ref[k], prior) for k in ("tps_log_sd", "memory_log_sd")}
     return {
         "REFERENCE": ref,

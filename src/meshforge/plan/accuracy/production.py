@@ -32,9 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from meshforge.config.io import load_config
-from meshforge.plan.estimate import Estimate, estimate
 from meshforge.plan.hardware import HardwareProfile, load_hardware
 from meshforge.plan.layout import layout_from_config
+from meshforge.plan.physics.estimate import Estimate, estimate
 
 SOURCE = "Llama Team, AI @ Meta, The Llama 3 Herd of Models, arXiv:2407.21783, Table 4"
 READING = (

@@ -2,7 +2,7 @@
 
 A row is the setup as the config overrides `meshforge plan` takes, the world size, the hardware preset, and the
 tokens/s per GPU and peak memory (GiB) its source prints. ``bench/reference.py`` derives the article's figures (the
-rows with an ``article_table``) from here; ``plan/validate.py`` fits and cross-validates the planner on all of them.
+rows with an ``article_table``) from here; ``plan/accuracy/loo.py`` fits and cross-validates the planner on all of them.
 
 Readings of what the sources leave open (docs/planner.md, "The published rows"):
 - TorchTitan's ``memory: X GiB`` log line is ``torch.cuda.memory_stats()["reserved_bytes.all.peak"]`` / 2^30: the
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshforge.plan.sources import SOURCES, Source
+from meshforge.plan.accuracy.sources import SOURCES, Source
 
 __all__ = ["EXCLUDED", "RUNS", "SOURCES", "TABLES", "Run", "Source", "article_runs", "run"]
 

@@ -1,5 +1,5 @@
 """Where the published rows come from: each source's repository@commit (or thread), date, what its figures measure
-(plan/published.py holds the rows)."""
+(plan/accuracy/published.py holds the rows)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from meshforge.config.io import ConfigError
-from meshforge.plan import guide, guide_flow
+from meshforge.plan.guide import curves, guide
+from meshforge.plan.guide import flow as guide_flow
 from meshforge.plan.hardware import HardwareProfile
 
 
@@ -54,8 +55,6 @@ def run_guide(opts: argparse.Namespace, overrides: list[str], hw: HardwareProfil
     if opts.out:
         out = Path(opts.out)
         out.mkdir(parents=True, exist_ok=True)
-        from meshforge.plan import curves
-
         pngs = curves.write_curves(cells, hw.name, out, opts.with_results)
         text += "\n## Throughput curves\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs)
         (out / "guide.md").write_text(text + "\n")

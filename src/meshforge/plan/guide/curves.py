@@ -1,6 +1,6 @@
 """Throughput curves of the guide: predicted tokens/s per GPU vs GPU count, one curve per strategy family (the best
 layout of the family in each cell) with its interval as a band, one PNG per model with a panel per sequence length;
-the article's measured rows (plan/published.py) and a `meshforge bench` results.json drawn on the same axes."""
+the article's measured rows (plan/accuracy/published.py) and a `meshforge bench` results.json drawn on the same axes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.config.io import ConfigError, load_config
-from meshforge.plan import published
-from meshforge.plan.guide import FAMILIES, family, family_of
+from meshforge.plan.accuracy import published
+from meshforge.plan.guide.guide import FAMILIES, family, family_of
 from meshforge.plan.layout import layout_from_config
 
 COLORS = dict(zip(FAMILIES, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))

@@ -1,5 +1,5 @@
-"""The guide's outputs from its cells (plan/guide.py): a markdown table, the decision flow as a mermaid graph derived
-from the table (each boundary is a GPU count at which the recommended family changes in the table; nothing is
+"""The guide's outputs from its cells (plan/guide/guide.py): a markdown table, the decision flow as a mermaid graph
+derived from the table (each boundary is a GPU count at which the recommended family changes in the table; nothing is
 hard-coded), and the article's three command lines regenerated for the hardware."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshforge.plan.advisor import SIMPLICITY_MARGIN
+from meshforge.plan.search.advisor import SIMPLICITY_MARGIN
 
 ARTICLE_COMMANDS = (
     ("8B", 8, 8192, "model <= 10B: FSDP + compile + Float8 (article: dp_shard 8, compile, Float8)"),
@@ -155,8 +155,8 @@ def markdown(cells: Sequence[dict[str, Any]], hardware: str) -> str:
     """The whole guide as one markdown document: table, mermaid flow, command lines."""
     note = (
         f"Within {SIMPLICITY_MARGIN:.0%} of the fastest the search recommends the layout with fewer parallel "
-        "dimensions (plan/advisor.py), so a runner-up can be slightly faster; 'separable' says whether the runner-up's "
-        "tokens/s lies outside the recommendation's interval."
+        "dimensions (plan/search/advisor.py), so a runner-up can be slightly faster; 'separable' says whether the "
+        "runner-up's tokens/s lies outside the recommendation's interval."
     )
     parts = [f"# meshforge plan --guide --hardware {hardware}", "", note, "", table(cells), "", "## Decision flow", ""]
     parts += ["```mermaid", flow(cells), "```", "", "## The article's launches, regenerated", ""]

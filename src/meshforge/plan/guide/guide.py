@@ -1,11 +1,11 @@
 """`meshforge plan --guide`: the article's strategy-selection guide, computed by the layout search.
 
-For every (model, GPU count, sequence length) cell the search (plan/advisor.py) ranks every fitting layout; a cell keeps
-the recommended layout, its predicted tokens/s per device and memory with intervals (plan/interval.py), the runner-up
-(the best layout of another strategy family) and whether the two are separable, the overheads that decide between
-them, and the best layout of each strategy family (the throughput curves, plan/curves.py). Cells are plain dicts (JSON),
-computed in parallel over the cores and cached on disk keyed by the hardware profile, the cell and the planner's source,
-so a second run, or one that shares cells, reuses the search.
+For every (model, GPU count, sequence length) cell the search (plan/search/advisor.py) ranks every fitting layout; a
+cell keeps the recommended layout, its predicted tokens/s per device and memory with intervals
+(plan/accuracy/interval.py), the runner-up (the best layout of another strategy family) and whether the two are
+separable, the overheads that decide between them, and the best layout of each strategy family (the throughput curves,
+plan/guide/curves.py). Cells are plain dicts (JSON), computed in parallel over the cores and cached on disk keyed by the
+hardware profile, the cell and the planner's source, so a second run, or one that shares cells, reuses the search.
 
 The global batch of a cell keeps TOKENS_PER_DEVICE tokens per GPU per step (the article's table 1: local batch 2 x
 8192): ``world x TOKENS_PER_DEVICE / seq_len`` sequences, at least one.
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.config.io import ConfigError, load_config
-from meshforge.plan.advisor import search
-from meshforge.plan.estimate import Estimate
+from meshforge.plan.accuracy.interval import interval, separable
 from meshforge.plan.hardware import HardwareProfile, auto_param_dtype
-from meshforge.plan.interval import interval, separable
 from meshforge.plan.layout import Layout, layout_from_config
+from meshforge.plan.physics.estimate import Estimate
+from meshforge.plan.search.advisor import search
 
 DEFAULT_WORLD_SIZES = (8, 64, 256, 512, 2048)
 DEFAULT_SEQ_LENS = (8192, 32768, 131072)
@@ -36,8 +36,9 @@ TOKENS_PER_DEVICE = 16384
 FAMILIES = ("FSDP", "FSDP x TP", "3D", "4D")
 """Strategy families by the highest dimension a layout adds to FSDP: TP; PP (3D, with or without TP); CP (4D)."""
 ARTICLE_IMPL = "torchtitan"
-OUTPUT_MODULES = ("guide", "curves")
-"""Modules that only format cells: editing them does not invalidate the cache."""
+OUTPUT_PACKAGE = "guide"
+"""plan/guide/: the modules that only format cells (this one, flow, cli, curves); editing them does not invalidate
+the cache."""
 
 
 def family_of(tp: int, pp: int, cp: int) -> str:
@@ -169,10 +170,10 @@ def compute_cell(hw: HardwareProfile, model: tuple[str, ...], world: int, seq_le
 
 def _planner_digest() -> str:
     """Hash of the planner's and the model's sources: a cached cell is stale once either changes."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
-    sources = [*root.glob("plan/*.py"), *root.glob("model/*.py"), *root.glob("parallel/**/*.py")]
-    for path in sorted(p for p in sources if not p.name.startswith(OUTPUT_MODULES)):
+    sources = [*root.glob("plan/**/*.py"), *root.glob("model/*.py"), *root.glob("parallel/**/*.py")]
+    for path in sorted(p for p in sources if p.relative_to(root).parts[:2] != ("plan", OUTPUT_PACKAGE)):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -188,7 +189,7 @@ def _cell_key(hw: HardwareProfile, model: tuple[str, ...], world: int, seq: int,
 
 def _compute_group(jobs: Sequence[tuple[HardwareProfile, tuple[str, ...], int, int, str]]) -> list[dict[str, Any]]:
     """Cells searched one after the other in one process, so the search's memos (the pipeline simulations,
-    plan/schedules.py; layer times; the interval's estimates) carry over from one cell to the next."""
+    plan/physics/schedules.py; layer times; the interval's estimates) carry over from one cell to the next."""
     return [compute_cell(*job) for job in jobs]
 
 

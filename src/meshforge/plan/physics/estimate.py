@@ -3,30 +3,31 @@
 Step time = the microbatches through the stages (each stage: its blocks' forward + backward + recomputation, the head,
 and the exposed tensor/context-parallel communication; under pipeline parallel the schedule is simulated with its
 sends, simulator.py) + FSDP communication that compute cannot hide + the optimizer step (+ for MoE flavors the token
-all-to-alls of expert parallel, plan/moe.py, all exposed: meshforge waits on each before the experts run). Compute is
-FLOPs over achieved FLOP/s (matmuls and flash attention separately) plus element-wise bytes over achieved memory
-bandwidth; communication is alpha-beta (comm.py). Memory is memory.py. The constants are hardware.Efficiency's;
+all-to-alls of expert parallel, plan/physics/moe.py, all exposed: meshforge waits on each before the experts run).
+Compute is FLOPs over achieved FLOP/s (matmuls and flash attention separately) plus element-wise bytes over achieved
+memory bandwidth; communication is alpha-beta (comm.py). Memory is memory.py. The constants are hardware.Efficiency's;
 docs/planner.md derives every formula.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs, flops_per_token
 from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
-from meshforge.plan import comm, levers, schedules
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, check_layout, layout_args, stage_layer_counts
-from meshforge.plan.memory import (
+from meshforge.plan.physics import comm, levers, schedules
+from meshforge.plan.physics.comm import exposed
+from meshforge.plan.physics.memory import OPTIMIZER_TRAFFIC_PER_PARAM, block_modes
+from meshforge.plan.physics.moe import moe_estimate
+from meshforge.plan.physics.parts import (
     DTYPE_BYTES,
     MAX_LOAD,
     RankParts,
-    block_modes,
     blocks_numel,
     compute_view,
     gathered_layer_bytes,
@@ -36,8 +37,7 @@ from meshforge.plan.memory import (
     rank_parts,
     routed_width_per_token,
 )
-from meshforge.plan.moe import moe_estimate
-from meshforge.plan.peak import MemoryBreakdown, memory
+from meshforge.plan.physics.peak import MemoryBreakdown, memory
 
 ATTENTION_BWD_FACTOR = 2.5
 """Flash-attention backward FLOPs over forward: it recomputes the scores (5 matmuls against 2)."""
@@ -49,22 +49,6 @@ TorchTitan multiplies complex numbers (cast, one complex mul, cast back)."""
 CP_MERGE_TRAFFIC = 16
 """Bytes per attention-output element per context-parallel step: torch's CP merges each block's output and
 log-sum-exp into the running result in fp32 (read and write both, forward; twice that backward)."""
-OPTIMIZER_TRAFFIC_PER_PARAM = 48
-"""Bytes moved per local parameter per step: AdamW (foreach, fp32: read p, g, m, v, write p, m, v, temporaries),
-gradient-norm clipping and zero_grad."""
-SMOOTH_WIDTH = 0.02
-"""Width of the softplus replacing max(0, comm - hidden), as a fraction of comm + hidden: no kink for the fit to sit
-on (the Jacobian, standard errors and intervals are a smooth function's). At comm = hidden it credits w ln 2 = 1.4 %
-of comm + hidden as exposed; 10 % either side of the kink it differs from the max by 0.014 % of comm + hidden."""
-
-
-def exposed(comm_s: float, hidden_s: float, width: float = SMOOTH_WIDTH) -> float:
-    """max(0, comm_s - hidden_s), smoothed: w log(1 + exp((comm_s - hidden_s) / w)), w = width (comm_s + hidden_s)."""
-    w = width * (comm_s + hidden_s)
-    if w <= 0:
-        return max(0.0, comm_s - hidden_s)
-    x = (comm_s - hidden_s) / w
-    return comm_s - hidden_s + w * math.log1p(math.exp(-x)) if x > 0 else w * math.log1p(math.exp(x))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The planner's view of fault-tolerant replica groups (torchft, train/fault_tolerance.py): what they cost per step
 and what they save at scale. `meshforge plan ... --fault-tolerance` prints it; nothing on the prediction path
-(plan/estimate.py, search) imports this module.
+(plan/physics/estimate.py, search) imports this module.
 
 Step time. Plain HSDP reduces the replicate dimension per block inside FSDP's backward, partly under compute; a
 torchft group instead all-reduces its whole gradient shard once after backward through the Manager's own process
@@ -8,9 +8,9 @@ group (exposed), and asks the Lighthouse for the quorum and votes on the commit 
 
     t_ft = t_plain - exposed_fsdp(HSDP) + exposed_fsdp(one group, replicate 1) + all_reduce(gradient shard, R) + q
 
-with the exposed FSDP terms, the gradient bytes per rank and the link of the replicate axis from plan/estimate.py
-and plan/comm.py, and ``q`` the quorum + commit time per step (default: measured on the CPU bench, see
-QUORUM_SECONDS).
+with the exposed FSDP terms, the gradient bytes per rank and the link of the replicate axis from
+plan/physics/estimate.py and plan/physics/comm.py, and ``q`` the quorum + commit time per step (default: measured on the
+CPU bench, see QUORUM_SECONDS).
 
 Goodput. Failures arrive at rate N / MTBF-per-GPU (a GPU's MTBF from the Llama 3 paper by default: 419 unexpected
 interruptions in 54 days of pre-training on 16,384 H100s, Dubey et al. 2024, "The Llama 3 Herd of Models", sec.
@@ -35,11 +35,12 @@ from typing import Any
 
 from meshforge.config.schema import JobConfig
 from meshforge.errors import ConfigError
-from meshforge.plan import comm
-from meshforge.plan.estimate import Estimate, estimate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, layout_args
-from meshforge.plan.memory import STATE_BYTES, local_param_numel, rank_parts
+from meshforge.plan.physics import comm
+from meshforge.plan.physics.estimate import Estimate, estimate
+from meshforge.plan.physics.memory import STATE_BYTES
+from meshforge.plan.physics.parts import local_param_numel, rank_parts
 
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 MTBF_GPU_HOURS = LLAMA3_DAYS * 24 * LLAMA3_GPUS / LLAMA3_INTERRUPTIONS  # 50,677 GPU-hours (~5.8 years) per GPU
@@ -100,7 +101,7 @@ def step_cost(layout: Layout, hw: HardwareProfile, quorum_s: float = QUORUM_SECO
 
 def gradient_shard_bytes(layout: Layout) -> float:
     """One rank's sharded fp32 gradients (what torchft's Manager all-reduces across the groups); from the parameter
-    count, not the memory peak, which may hold none of them (plan/peak.py)."""
+    count, not the memory peak, which may hold none of them (plan/physics/peak.py)."""
     args = layout_args(layout)
     return local_param_numel(args, layout, rank_parts(args, layout, 0)) * STATE_BYTES["grads"]
 
@@ -168,7 +169,8 @@ def format_section(a: dict[str, Any]) -> str:
     hours = a["cluster_mtbf_s"] / 3600
     return "\n".join(
         [
-            f"\nFault tolerance: dp_replicate {a['groups']} as torchft replica groups (plan/fault_tolerance.py)",
+            f"\nFault tolerance: dp_replicate {a['groups']} as torchft replica groups "
+            "(plan/physics/fault_tolerance.py)",
             f"  step time: plain HSDP {a['step_time_plain_s']:.4g} s, fault-tolerant {a['step_time_ft_s']:.4g} s "
             f"({a['step_slowdown']:+.1%}): the replicate all-reduce through the Manager {a['ft_allreduce_s']:.3g} s "
             f"exposed (HSDP's FSDP+replicate comm exposed {a['hsdp_exposed_fsdp_s']:.3g} s, one group's "

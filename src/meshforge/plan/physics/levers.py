@@ -26,12 +26,19 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from meshforge.model.flavors import ModelArgs
-from meshforge.plan.hardware import HardwareProfile
+from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import Layout
+from meshforge.plan.physics.comm import exposed
+from meshforge.plan.physics.memory import (
+    OPTIMIZER_TRAFFIC_PER_PARAM,
+    offload_kept_bytes_per_token,
+    routed_bytes_per_token,
+    saved_bytes_per_token,
+)
+from meshforge.plan.physics.parts import RankParts, compute_view
 
 if TYPE_CHECKING:
-    from meshforge.plan.estimate import Rates
-    from meshforge.plan.memory import RankParts
+    from meshforge.plan.physics.estimate import Rates
 
 HOST_LINK_BANDWIDTH = {"a100": 25e9}
 """Effective host <-> device bytes/s per GPU, one direction: PCIe Gen4 x16 on A100 (~25 of 32 GB/s)."""
@@ -77,7 +84,8 @@ def host_link(hw: HardwareProfile) -> float:
 def device_saved(layout: Layout, saved: float, per_layer: float, kept: float, kept_layer: float) -> float:
     """Saved-activation bytes on the device at the peak: all ``saved`` of them, or under activation offload the ones
     offload cannot move (``kept``: per-op SAC's cached outputs, memory.offload_kept_bytes_per_token) and the moved part
-    of the one block whose backward has them back (the chunked loss's share is plan/peak.py's loss term, / N)."""
+    of the one block whose backward has them back (the chunked loss's share is plan/physics/peak.py's loss term, /
+    N)."""
     if not layout.activation_offload:
         return saved
     return kept + min(per_layer - kept_layer, saved - kept)
@@ -85,8 +93,6 @@ def device_saved(layout: Layout, saved: float, per_layer: float, kept: float, ke
 
 def host_memory_gib(hw: HardwareProfile) -> float:
     """GiB of host memory one GPU's rank may hold offloaded (FSDP CPU offload's state, activation offload's saves)."""
-    from meshforge.plan.hardware import GIB
-
     return HOST_MEMORY_BYTES.get(hw.spec.name, DEFAULT_HOST_MEMORY_BYTES) / GIB
 
 
@@ -100,14 +106,6 @@ def lever_times(
 ) -> dict[str, float]:
     """Seconds per step each active lever adds on the busiest rank (``compute``: its compute seconds per step).
     Under CPU offload the ``optimizer`` entry replaces estimate.py's device-side optimizer step."""
-    from meshforge.plan.estimate import OPTIMIZER_TRAFFIC_PER_PARAM, exposed
-    from meshforge.plan.memory import (
-        compute_view,
-        offload_kept_bytes_per_token,
-        routed_bytes_per_token,
-        saved_bytes_per_token,
-    )
-
     m = layout.num_microbatches
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
     out: dict[str, float] = {}

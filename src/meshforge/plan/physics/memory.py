@@ -10,7 +10,6 @@ from meshforge.model.flavors import ModelArgs
 from meshforge.plan.layout import Layout
 from meshforge.plan.physics.parts import DTYPE_BYTES, MAX_LOAD
 
-
 STATE_BYTES = {"params": 4, "grads": 4, "optimizer": 8}
 """fp32 master weights, fp32 sharded gradients, AdamW exp_avg + exp_avg_sq (FSDP2 keeps the model in fp32)."""
 LOSS_BYTES_PER_LOGIT = 12

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshforge.model.flavors import ModelArgs, param_counts
-from meshforge.plan import comm
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout
-from meshforge.plan.memory import DTYPE_BYTES
+from meshforge.plan.physics import comm
+from meshforge.plan.physics.parts import DTYPE_BYTES
 
 ADAM_STATES = 2
 

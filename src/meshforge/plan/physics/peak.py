@@ -27,27 +27,29 @@ import functools
 from dataclasses import dataclass
 
 from meshforge.model.flavors import ModelArgs
-from meshforge.plan import levers, schedules
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import Layout
-from meshforge.plan.memory import (
+from meshforge.plan.physics import levers, schedules
+from meshforge.plan.physics.memory import (
     COMPILED_LOSS_BYTES_PER_LOGIT,
-    DTYPE_BYTES,
     LOSS_BYTES_PER_LOGIT,
     LOSS_PARALLEL_BYTES_PER_LOGIT,
     NORM_EAGER_BYTES,
     STATE_BYTES,
+    offload_kept_bytes_per_token,
+    routed_bytes_per_token,
+    saved_bytes_per_token,
+    transient_bytes_per_token,
+)
+from meshforge.plan.physics.parts import (
+    DTYPE_BYTES,
     RankParts,
     blocks_numel,
     compute_view,
     gathered_layer_bytes,
     local_param_numel,
-    offload_kept_bytes_per_token,
     part_numel,
     rank_parts,
-    routed_bytes_per_token,
-    saved_bytes_per_token,
-    transient_bytes_per_token,
 )
 
 
@@ -144,7 +146,7 @@ def rank_allocated(args: ModelArgs, layout: Layout, rank: int) -> PeakTerms:
     view = compute_view(args, layout.tp, layout.ep)  # MoE: the active FFN width (args itself for dense flavors)
     per_layer = (saved_bytes_per_token(view, layout) + routed_bytes_per_token(args, layout)) * tokens
     mean_stage = parts.layers / max(1, len(parts.stage_layers))
-    # activation offload: the device keeps what one block's backward has brought back (plan/levers.py)
+    # activation offload: the device keeps what one block's backward has brought back (plan/physics/levers.py)
     blocks = schedules.in_flight(layout, rank) * mean_stage
     all_saved = blocks * per_layer
     kept_layer = offload_kept_bytes_per_token(view, layout) * tokens if layout.activation_offload else 0.0

@@ -87,7 +87,7 @@ def simulate(
     Memoized on everything the result depends on (the schedule shape, the exact stage costs, latency and overhead,
     and EXTRAPOLATE_ROUNDS): a search meets the same simulation for every data-parallel split of a structure and for
     every GPU count whose global batch gives the same local batch, so cells of one model and sequence length share
-    them (plan/guide.py runs those cells in one process). No normalisation: a hit returns the very floats a fresh
+    them (plan/guide/guide.py runs those cells in one process). No normalisation: a hit returns the very floats a fresh
     simulation would, so results stay bit-identical."""
     shape = simulator.Shape(layout.schedule, layout.pp, layout.schedule_microbatches, layout.stages_per_rank)
     return _simulate(shape, tuple(costs), latency, overhead, EXTRAPOLATE_ROUNDS)

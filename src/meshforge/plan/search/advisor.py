@@ -16,15 +16,16 @@ from dataclasses import dataclass, field, replace
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs
 from meshforge.parallel.expert_rules import check_ep_degrees, check_ep_shape
-from meshforge.plan.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
-from meshforge.plan.lever_search import fitting_lever
-from meshforge.plan.levers import device_state_numel, effective, host_memory_gib
-from meshforge.plan.levers import offloads_apply as levers_apply
-from meshforge.plan.memory import STATE_BYTES, local_param_numel, rank_parts
-from meshforge.plan.peak import memory, rank_memory
-from meshforge.plan.prune import needed_estimates
+from meshforge.plan.physics.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
+from meshforge.plan.physics.levers import device_state_numel, effective, host_memory_gib
+from meshforge.plan.physics.levers import offloads_apply as levers_apply
+from meshforge.plan.physics.memory import STATE_BYTES
+from meshforge.plan.physics.parts import local_param_numel, rank_parts
+from meshforge.plan.physics.peak import memory, rank_memory
+from meshforge.plan.search.lever_search import fitting_lever
+from meshforge.plan.search.prune import needed_estimates
 
 SEARCH_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 AC_MODES = ("none", "selective", "full")
@@ -174,10 +175,10 @@ def search(
     base: Layout, world: int, hw: HardwareProfile, prune_by: Callable[[Layout], Hashable] | None = None
 ) -> SearchResult:
     """Rank the fitting layouts for ``world`` devices by predicted tokens/s per device (ties: less memory). A layout
-    that does not fit is retried with the memory levers (plan/lever_search.py): at once without a pipeline; pipeline
-    layouts (whose schedule simulation is most of the search's cost) only when nothing else fits.
-    ``prune_by``: rank only those that can be the recommendation or among the two fastest of their group (prune.py:
-    the recommendation, each group's best and the runner-up are the full ranking's, the others are not checked)."""
+    that does not fit is retried with the memory levers (plan/search/lever_search.py): at once without a pipeline;
+    pipeline layouts (whose schedule simulation is most of the search's cost) only when nothing else fits. ``prune_by``:
+    rank only those that can be the recommendation or among the two fastest of their group (prune.py: the
+    recommendation, each group's best and the runner-up are the full ranking's, the others are not checked)."""
     args = layout_args(base)
     ranked: list[Estimate] = []
     passed: list[Layout] = []
@@ -252,7 +253,8 @@ def offload_may_hold(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> bo
 
 def state_gib(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> float:
     """Rank 0's parameters and optimizer state with the allocator's share: a lower bound of its peak (every peak of
-    plan/peak.py holds them; the gradients only some) that depends only on the degrees and the schedule's stages."""
+    plan/physics/peak.py holds them; the gradients only some) that depends only on the degrees and the schedule's
+    stages."""
     numel = local_param_numel(args, layout, rank_parts(args, layout, 0))
     numel = device_state_numel(effective(layout, hw), numel)  # CPU offload: on the host
     eff = hw.efficiency

@@ -1,5 +1,5 @@
-"""The search's use of the memory levers (plan/levers.py): a candidate layout that does not fit is retried with the
-levers' ladder (cheapest first) and kept with the first setting that fits; the report says which lever made it fit,
+"""The search's use of the memory levers (plan/physics/levers.py): a candidate layout that does not fit is retried with
+the levers' ladder (cheapest first) and kept with the first setting that fits; the report says which lever made it fit,
 the memory it saved and the time it costs."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from dataclasses import replace
 
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs
-from meshforge.plan import levers
-from meshforge.plan.estimate import Estimate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, check_layout
-from meshforge.plan.peak import memory, rank_memory
+from meshforge.plan.physics import levers
+from meshforge.plan.physics.estimate import Estimate
+from meshforge.plan.physics.peak import memory, rank_memory
 
 LEVER_TIME_KEYS = ("chunked_loss_recompute", "activation_offload_copies", "cpu_offload_copies")
 

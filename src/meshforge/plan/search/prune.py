@@ -17,9 +17,9 @@ from collections.abc import Callable, Hashable, Sequence
 
 from meshforge.model.flavors import ModelArgs
 from meshforge.parallel.pipeline.simulator import rank_work
-from meshforge.plan.estimate import Estimate, estimate, rates, stage_costs
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, layout_args
+from meshforge.plan.physics.estimate import Estimate, estimate, rates, stage_costs
 
 BOUND_SLACK = 1e-6
 """Relative slack on the bound: the simulation sums the same work in another order (rounding), and the extension of a

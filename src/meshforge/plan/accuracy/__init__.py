@@ -1,0 +1,1 @@
+"""The planner against measurements: published rows, fits, leave-one-out, intervals, the exact check."""

@@ -1,0 +1,1 @@
+"""The strategy-selection guide: cells, table, flow, curves."""

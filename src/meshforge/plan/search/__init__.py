@@ -1,0 +1,1 @@
+"""The layout search over the physics: enumeration, pruning, the memory levers."""
