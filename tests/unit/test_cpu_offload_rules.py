@@ -7,7 +7,7 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
 from meshforge.errors import ConfigError
-from meshforge.model.flavors import model_args_for
+from meshforge.model.hf_config import model_args_for
 from meshforge.model.llama import build_model
 from meshforge.parallel.cpu_offload import banner, check_cpu_offload, materialize, offload_policy
 from meshforge.parallel.distributed import process_group_backend

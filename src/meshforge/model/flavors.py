@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from meshforge.errors import ConfigError
-
-if TYPE_CHECKING:
-    from meshforge.config.schema import JobConfig
 
 
 @dataclass(frozen=True)
@@ -316,21 +312,3 @@ def flops_per_token(args: ModelArgs, seq_len: int) -> float:
     attention = 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
     tied_output = counts.embedding if args.tie_embeddings else 0  # a tied output projection is still a matmul
     return float(6 * (counts.active - counts.embedding + tied_output) + attention)
-
-
-def model_args_for(cfg: JobConfig, vocab_size: int) -> ModelArgs:
-    """The shapes a run builds (its flavor, hf_config and [model] overrides at its sequence length), checked
-    against the tokenizer's vocabulary."""
-    from meshforge.model.hf_config import resolve_model_args
-
-    args = resolve_model_args(cfg.model, cfg.training.seq_len)
-    if args.is_moe and cfg.model.moe_load_balance_coeff >= 0:
-        args = replace(args, load_balance_coeff=cfg.model.moe_load_balance_coeff)
-    if args.is_moe and cfg.model.moe_aux_loss_coeff >= 0:
-        args = replace(args, aux_loss_coeff=cfg.model.moe_aux_loss_coeff)
-    if vocab_size > args.vocab_size:
-        raise ConfigError(
-            f"the tokenizer {cfg.model.tokenizer_path} has {vocab_size} tokens but the model "
-            f"({cfg.model.hf_config or cfg.model.flavor}) has vocab {args.vocab_size}; use a matching tokenizer"
-        )
-    return args

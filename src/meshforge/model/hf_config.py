@@ -17,7 +17,7 @@ from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs, get_flavor
 
 if TYPE_CHECKING:
-    from meshforge.config.schema import Model
+    from meshforge.config.schema import JobConfig, Model
 
 ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -174,3 +174,19 @@ def model_label(model: Model) -> str:
         return model.flavor
     path = Path(model.hf_config)
     return (path if path.is_dir() else path.parent).name or path.name
+
+
+def model_args_for(cfg: JobConfig, vocab_size: int) -> ModelArgs:
+    """The shapes a run builds (its flavor, hf_config and [model] overrides at its sequence length), checked
+    against the tokenizer's vocabulary."""
+    args = resolve_model_args(cfg.model, cfg.training.seq_len)
+    if args.is_moe and cfg.model.moe_load_balance_coeff >= 0:
+        args = replace(args, load_balance_coeff=cfg.model.moe_load_balance_coeff)
+    if args.is_moe and cfg.model.moe_aux_loss_coeff >= 0:
+        args = replace(args, aux_loss_coeff=cfg.model.moe_aux_loss_coeff)
+    if vocab_size > args.vocab_size:
+        raise ConfigError(
+            f"the tokenizer {cfg.model.tokenizer_path} has {vocab_size} tokens but the model "
+            f"({cfg.model.hf_config or cfg.model.flavor}) has vocab {args.vocab_size}; use a matching tokenizer"
+        )
+    return args

@@ -40,10 +40,11 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Placement, Shard, _StridedShard
 
 from meshforge.config.schema import JobConfig, Parallelism
+from meshforge.data.tokenizer import build_tokenizer, resolve_path
 from meshforge.device.precision import resolve_param_dtype
 from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs, param_counts
-from meshforge.model.hf_config import model_label
+from meshforge.model.hf_config import model_args_for, model_label, resolve_model_args
 from meshforge.model.llama import build_model, canonical_name, check_trainable
 from meshforge.observability.metrics import logging_ranks
 from meshforge.observability.profiling import check_window
@@ -105,10 +106,6 @@ def target_device(requested: str) -> str:
 
 def model_args(cfg: JobConfig, notes: list[str]) -> ModelArgs:
     """The flavor at the configured sequence length; the tokenizer's vocabulary is checked when the file is here."""
-    from meshforge.data.tokenizer import build_tokenizer, resolve_path
-    from meshforge.model.flavors import model_args_for
-    from meshforge.model.hf_config import resolve_model_args
-
     path = cfg.model.tokenizer_path
     if path.startswith("hf:"):
         notes.append(f"tokenizer {path} is on the hub: its vocabulary is not checked against the flavor here")

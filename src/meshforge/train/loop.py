@@ -29,7 +29,8 @@ from meshforge.device.peak import device_peak_flops
 from meshforge.device.precision import autocast_context as autocast
 from meshforge.device.precision import resolve_param_dtype
 from meshforge.device.transfer import to_device
-from meshforge.model.flavors import ModelArgs, flops_per_token, model_args_for
+from meshforge.model.flavors import ModelArgs, flops_per_token
+from meshforge.model.hf_config import model_args_for
 from meshforge.model.llama import build_model, check_trainable
 from meshforge.model.loss import cross_entropy, loss_parallel_context
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
@@ -50,7 +51,7 @@ from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, 
 from meshforge.train.fault_tolerance import FaultTolerance, data_shard
 from meshforge.train.fault_tolerance import build as build_fault_tolerance
 from meshforge.train.moe_balance import balance_experts
-from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_, step_unless
 from meshforge.train.validate import build_validation_loader, should_validate, validate
 
 if TYPE_CHECKING:  # imported where used: pipelining pulls in dynamo (~1 s), DCP ~0.3 s; most runs need neither
@@ -78,7 +79,7 @@ class TrainState:
     precision: str = ""  # how training.mixed_precision_param was chosen (the banner says it)
     val_loader: PackedDataLoader | None = None
     guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
-    moe_metrics: dict[str, float] = field(default_factory=dict)
+    moe_metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # device values, read on log steps
     straggler: StragglerDetector = field(default_factory=lambda: StragglerDetector(0.0, console=False))
     save_clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
     ft: FaultTolerance | None = None  # torchft replica groups (train/fault_tolerance.py)
@@ -295,10 +296,8 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
         state.moe_metrics = balance_experts(state.model_parts, *meshes, state.model_args.load_balance_coeff, across)
     if state.ft is not None and not state.ft.should_commit():  # a replica failed: the step is retried
         return loss, grad_norm
-    if state.guard.should_skip(state.step, grad_norm, loss):  # the same decision on every rank (global norm)
-        state.optimizer.zero_grad(set_to_none=True)
-    else:
-        state.optimizer.step()
+    # the same decision on every rank (global norm), kept on the device; read on log / save steps (guard.check)
+    step_unless(state.optimizer, state.guard.skip_flag(state.step, grad_norm, loss))
     if fsdp_float8_all_gather(state.cfg.quantize.dense.float8, fsdp=state.dims.fsdp_enabled):
         precompute_float8_scales(state.model_parts)  # one all-reduce now instead of one per weight per all-gather
     state.scheduler.step()
@@ -321,6 +320,14 @@ def should_log(step: int, cfg: JobConfig) -> bool:
     return step == 1 or step % cfg.metrics.log_freq == 0 or step == cfg.training.steps
 
 
+def save_due(state: TrainState, force: bool) -> bool:
+    """Whether the checkpointer saves after this step (checkpoint/dcp.py ``maybe_save``'s rule)."""
+    ck = state.checkpointer
+    if ck is None or not ck.cfg.enable:
+        return False
+    return force or state.step >= ck.total_steps or state.step % ck.cfg.interval == 0
+
+
 def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterator[dict[str, Any]]:
     """Train until training.steps; yields each logged record."""
     cfg = state.cfg
@@ -339,6 +346,8 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
         due = 0.0  # rank 0's wall-time save decision rides on the straggler gather of log steps (train/elastic.py)
         if should_log(state.step, cfg):
             logged, due = state.straggler.observe(state.step, state.save_clock.flag())
+        if should_log(state.step, cfg) or save_due(state, due > 0):  # the host reads the divergence guard here only
+            state.guard.check()
         if state.checkpointer is not None:  # before the yield: a consumer that stops here still has its checkpoint
             state.checkpointer.maybe_save(states, state.step, force=due > 0)
             state.save_clock.after(state.step, cfg.checkpoint.interval, forced=due > 0)
@@ -346,7 +355,7 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
         if should_log(state.step, cfg) or evaluation:
             lr = float(state.scheduler.get_last_lr()[0])
             extra = state.pipeline.metrics() if state.pipeline is not None else {}  # bubble (collective)
-            extra.update(state.moe_metrics)
+            extra.update({k: float(v) for k, v in state.moe_metrics.items()})
             extra.update(logged)
             yield state.metrics.log(state.step, global_mean(loss, state.mesh), grad_norm, lr, extra | evaluation)
         if profiler is not None:  # after logging and saving: a traced step shows all of its work
