@@ -82,3 +82,12 @@ def test_cli_exits_4_with_one_line_on_divergence() -> None:
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and errors[0].startswith("meshforge train: error: training diverged at step ")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_divergence_between_log_steps_stops_at_the_next_one_with_nothing_updated_since() -> None:
+    """The guard decides on the device and reads on log steps: a NaN at step 4 (log_freq 3: steps 3, 6 log) stops the
+    run at step 6 naming step 4, and steps 4-6 updated nothing (Adam's step count is 3 on every parameter)."""
+    args = ["--training.steps", "8", "--training.local_batch_size", "4", "--metrics.log_freq", "3"]
+    out = run_ranks(poisoned_run, 1, tempfile.mkdtemp(), args, {4: 0})[0]
+    assert out["error"] == "training diverged at step 4: non-finite gradient norm nan, loss nan on this rank"
+    assert out["step"] == 6 and out["adam_steps"] == {3}

@@ -1,5 +1,5 @@
-"""The optimizer's implementation choice: auto is foreach, and every choice takes the same steps (the same
-parameters after a few updates, to float32 rounding)."""
+"""The optimizer's implementation choice: auto is fused (it skips a non-finite step on the device), and every choice
+takes the same steps (the same parameters after a few updates, to float32 rounding)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from meshforge.config.schema import Optimizer
 from meshforge.train.optim import build_optimizer, implementation
 
 
-def test_auto_is_foreach_and_each_name_sets_its_flag() -> None:
-    assert implementation("auto") == {"foreach": True, "fused": False}
+def test_auto_is_fused_and_each_name_sets_its_flag() -> None:
+    assert implementation("auto") == {"foreach": False, "fused": True}
     assert implementation("for-loop") == {"foreach": False, "fused": False}
-    assert implementation("auto") == {"foreach": True, "fused": False}
+    assert implementation("foreach") == {"foreach": True, "fused": False}
     assert implementation("fused") == {"foreach": False, "fused": True}
 
 
@@ -53,3 +53,19 @@ def test_lr_warms_up_to_the_peak_and_decays_to_the_minimum_at_the_last_step(deca
     assert abs(at(20) - 0.1) < 1e-12, f"{decay} decay ends at {at(20)}, not min_lr_factor 0.1 at the last step"
     assert abs(at(12) - 0.55) < 1e-12  # halfway through the decay: (1 + 0.1) / 2 for both shapes
     assert at(30) == at(20)
+
+
+@pytest.mark.parametrize("how", ["fused", "foreach"])
+def test_step_unless_updates_nothing_on_a_set_flag_and_steps_on_a_clear_one(how: str) -> None:
+    from meshforge.train.optim import step_unless
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = build_optimizer([model], Optimizer(lr=1e-2, implementation=how))  # type: ignore[arg-type]
+    model(torch.randn(2, 4)).sum().backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    step_unless(opt, torch.tensor(1.0))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(float(s["step"]) == 0 and not s["exp_avg"].any() for s in opt.state.values())  # moments untouched
+    step_unless(opt, torch.tensor(0.0))
+    assert not any(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -144,9 +144,9 @@ class Optimizer:
     weight_decay: float = 0.1
     """Decoupled weight decay."""
     implementation: Literal["auto", "foreach", "for-loop", "fused"] = "auto"
-    """How the update runs: foreach (one op over all tensors; auto), for-loop (tensor by tensor) or fused (one
-    kernel). Measured on a 2-core CPU with FSDP/TP DTensors: for-loop reaches the first step ~2.7 s sooner (foreach's
-    list ops pay DTensor sharding propagation once) but every later step is ~7 % slower (docs/benchmarks/startup.md)."""
+    """fused (one kernel; auto: skips a non-finite step on the device, train/optim.py step_unless), foreach (one op
+    over all tensors) or for-loop (tensor by tensor; these two read a skip flag on the host each step). 2-core CPU,
+    FSDP/TP: for-loop's first step ~2.7 s sooner than foreach, later ones ~7 % slower (docs/benchmarks/startup.md)."""
 
     def validate(self) -> None:
         if self.lr <= 0:

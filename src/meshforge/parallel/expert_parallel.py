@@ -52,17 +52,19 @@ class AllToAllDispatch:
         input_splits = counts.view(self.ep, -1).sum(dim=1).tolist()
         output_splits = per_source.sum(dim=1).tolist()
         received = _waited(all_to_all_single_autograd(x, output_splits, input_splits, self.group))
-        order = expert_major_order(per_source)
+        order = expert_major_order(per_source, sum(output_splits))
         out = self.experts(received[order], per_source.sum(dim=0))
         out = out[torch.argsort(order)]  # back to (source rank, local expert) order
         return _waited(all_to_all_single_autograd(out, input_splits, output_splits, self.group))
 
 
-def expert_major_order(per_source: torch.Tensor) -> torch.Tensor:
+def expert_major_order(per_source: torch.Tensor, rows: int) -> torch.Tensor:
     """Row order that turns rows laid out (source rank, local expert) into (local expert, source rank), each segment
-    keeping its rows' order: per_source (ranks, local experts) holds the segment sizes."""
+    keeping its rows' order: per_source (ranks, local experts) holds the segment sizes, ``rows`` their sum (known on
+    the host from the all-to-all's splits: without it CUDA would read the sum back)."""
     ranks, local = per_source.shape
-    segment = torch.repeat_interleave(torch.arange(ranks * local, device=per_source.device), per_source.flatten())
+    ids = torch.arange(ranks * local, device=per_source.device)
+    segment = torch.repeat_interleave(ids, per_source.flatten(), output_size=rows)
     key = (segment % local) * ranks + segment // local
     return torch.argsort(key, stable=True)
 

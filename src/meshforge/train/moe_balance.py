@@ -26,9 +26,10 @@ def balance_experts(
     pp_mesh: DeviceMesh | None,
     coeff: float,
     across: Callable[[torch.Tensor], None] | None = None,
-) -> dict[str, float]:
+) -> dict[str, torch.Tensor]:
     """Update the expert biases from this step's loads (coeff 0: only measure); returns the max/mean expert load of
-    the most imbalanced MoE layer (``moe_max_load``: 1.0 = perfectly balanced; over all pipeline stages). ``across``
+    the most imbalanced MoE layer (``moe_max_load``: 1.0 = perfectly balanced; over all pipeline stages), a device
+    scalar the loop reads on log steps only. ``across``
     sums the counts over torchft's replica groups too (train/fault_tolerance.py), so every group sees HSDP's load."""
     layers = [m for part in model_parts for m in moe_layers(part)]
     if not layers and pp_mesh is None:
@@ -53,11 +54,11 @@ def balance_experts(
     return {"moe_max_load": _stage_max(load.max(), pp_mesh)}
 
 
-def _stage_max(value: torch.Tensor, pp_mesh: DeviceMesh | None) -> float:
+def _stage_max(value: torch.Tensor, pp_mesh: DeviceMesh | None) -> torch.Tensor:
     """The max over the pipeline stages, on the device the pipeline group's backend takes (a stage without MoE
     layers holds a host zero, which NCCL refuses)."""
     if pp_mesh is not None:
         group = pp_mesh.get_group()
         value = to_collective_device(value, group).clone()
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-    return float(value)
+    return value

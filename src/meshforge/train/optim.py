@@ -30,9 +30,11 @@ def build_optimizer(model_parts: list[nn.Module], cfg: Optimizer) -> torch.optim
 
 
 def implementation(name: str) -> dict[str, bool]:
-    """The optimizer's foreach / fused arguments for ``optimizer.implementation``."""
-    if name == "auto":  # foreach everywhere: on a CPU too its per-step gain outweighs its first-step cost
-        name = "foreach"
+    """The optimizer's foreach / fused arguments for ``optimizer.implementation``. auto is fused (CUDA and CPU): it
+    skips a non-finite step on the device (``step_unless``) and keeps its step counts on the device, where foreach
+    and for-loop read each parameter's host step count and need a host read to skip."""
+    if name == "auto":
+        name = "fused"
     return {"foreach": name == "foreach", "fused": name == "fused"}
 
 
@@ -55,6 +57,16 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: LRScheduler, total
         )
 
     return LambdaLR(optimizer, factor)
+
+
+def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """``optimizer.step()`` that updates nothing (parameters, moments, step counts) where the device flag ``skip`` is
+    1. Fused: AMP's ``found_inf`` on the device, no host read. foreach / for-loop cannot take it: one host read."""
+    if all(group.get("fused") for group in optimizer.param_groups):
+        optimizer.found_inf = skip  # type: ignore[attr-defined]  # read by Adam/AdamW.step for the fused kernel
+        optimizer.step()
+    elif not bool(skip):  # host read: optimizer.implementation = foreach / for-loop
+        optimizer.step()
 
 
 @torch.no_grad()
