@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 from meshforge.errors import ConfigError
 
@@ -29,6 +30,9 @@ class FaultTolerance:
     def validate(self) -> None:
         if not self.enable:
             return
+        for key in ("local_replicas", "group_size"):  # each reported as itself, before the values derived from it
+            if getattr(self, key) < 0:
+                raise ConfigError(f"fault_tolerance.{key} = {getattr(self, key)} must be >= 0 (0: not set)")
         groups = self.group_size or self.local_replicas or 1
         if not 0 <= self.replica_id < groups:
             raise ConfigError(
@@ -36,5 +40,27 @@ class FaultTolerance:
             )
         if self.min_replica_size < 1:
             raise ConfigError(f"fault_tolerance.min_replica_size = {self.min_replica_size} must be >= 1")
-        if self.local_replicas < 0 or self.group_size < 0:
-            raise ConfigError("fault_tolerance.local_replicas and fault_tolerance.group_size must be >= 0")
+        if self.min_replica_size > groups:  # no quorum could ever commit a step: the groups would retry forever
+            key = "group_size" if self.group_size else "local_replicas" if self.local_replicas else "group_size"
+            raise ConfigError(
+                f"fault_tolerance.min_replica_size = {self.min_replica_size} exceeds the {groups} replica group(s) "
+                f"(fault_tolerance.{key} = {getattr(self, key) or 1}): no quorum could commit a step; set it to at "
+                f"most {groups}"
+            )
+        check_lighthouse_url(self.lighthouse)
+
+
+def check_lighthouse_url(address: str, key: str = "fault_tolerance.lighthouse") -> tuple[str, int]:
+    """(host, port) of a Lighthouse address (``http://host:port``; 29510 when the port is left out), or a one-line
+    ConfigError naming ``key``, the value and the expected form."""
+    url = urlparse(address if "://" in address else f"http://{address}")
+    fix = "give it as http://HOST:PORT with a port in 1-65535, e.g. http://127.0.0.1:29510"
+    try:
+        port = 29510 if url.port is None else url.port
+    except ValueError:  # a port out of range or not a number
+        port = 0
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{key} = {address!r} has no valid port: {fix}")
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ConfigError(f"{key} = {address!r} is not an address: {fix}")
+    return url.hostname, port

@@ -24,6 +24,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def launch_torchrun(nproc: int, argv: list[str]) -> int:
     """Re-run this command under torchrun (in this process) with ``nproc`` local processes; a failed job ends with
     one line naming the first failed rank and its exit code, which is returned (no launcher traceback)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -45,6 +46,9 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
             flush=True,
         )
         return code if code > 0 else 1
+    except SignalException as exc:  # torchrun stopped its ranks on SIGTERM / SIGHUP: one line, no traceback
+        print(f"meshforge train: stopped by signal {int(exc.sigval)}; the ranks were stopped", file=sys.stderr)
+        return 128 + int(exc.sigval)
     return 0
 
 

@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from meshforge.config.fault_tolerance import check_lighthouse_url
 from meshforge.config.schema import JobConfig
 from meshforge.errors import ConfigError
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from meshforge.train.loop import TrainState
 
 INSTALL = "pip install 'meshforge[ft]' (or pip install torchft==0.2.0)"
+NO_QUORUM_EXIT = 5  # no step could commit within the timeouts (1: a crash, 2: a config mistake, 3: a hang, 4: diverged)
 
 
 def import_torchft() -> Any:
@@ -74,8 +75,7 @@ def data_shard(cfg: JobConfig, dp_rank: int, dp: int) -> tuple[int, int]:
 
 def check_lighthouse(address: str, timeout_s: float) -> None:
     """Wait until something accepts a TCP connection at the Lighthouse's address; else one line naming it."""
-    url = urlparse(address if "://" in address else f"http://{address}")
-    host, port = url.hostname or "127.0.0.1", url.port or 29510
+    host, port = check_lighthouse_url(address)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -158,6 +158,8 @@ class FaultTolerance:
     position: dict[str, int] = field(default_factory=dict)
     log: Path | None = None
     started: float = field(default_factory=time.perf_counter)
+    committed: float = 0.0  # when the last step committed (0: none yet)
+    retried_step: int = 0  # the step whose retry was last announced (one line per step, not per retry)
     quorum_s: float = 0.0  # this step's quorum (start_quorum) and commit vote, in the ft_steps log (plan's default)
     biases: list[torch.Tensor] = field(default_factory=list)  # MoE expert biases at the step's start (a retry's)
 
@@ -291,7 +293,8 @@ class FaultTolerance:
         began = time.perf_counter()
         if self.manager.should_commit():
             self.manager._min_replica_size = self.cfg.fault_tolerance.min_replica_size
-            self._record(time.perf_counter() - began)
+            self.committed = time.perf_counter()
+            self._record(self.committed - began)
             return True
         self.state.optimizer.zero_grad(set_to_none=True)
         self.state.loader.load_state_dict(self.position)
@@ -299,15 +302,11 @@ class FaultTolerance:
             for bias, value in zip(expert_biases(self.state), self.biases, strict=True):
                 bias.copy_(value)
         self.retry = True
+        self.give_up_when_stuck(waiting)
         if waiting:  # before the first commit: the other groups are still starting
-            if time.perf_counter() - self.started > self.cfg.comm.init_timeout_seconds:
-                raise SystemExit(
-                    f"meshforge: fault tolerance: no other replica group joined within comm.init_timeout_seconds = "
-                    f"{self.cfg.comm.init_timeout_seconds} (fault_tolerance.start_together waits for all "
-                    f"{num_groups(self.cfg)}); start the other groups, or set fault_tolerance.start_together = false"
-                )
             time.sleep(0.2)
-        if self.state.metrics.console and not (waiting and self.said_waiting):
+        if self.state.metrics.console and not (waiting and self.said_waiting) and self.retried_step != self.state.step:
+            self.retried_step = self.state.step
             self.said_waiting = self.said_waiting or waiting
             why = (
                 f"waiting for all {num_groups(self.cfg)} replica groups (fault_tolerance.start_together)"
@@ -316,6 +315,41 @@ class FaultTolerance:
             )
             print(f"meshforge: fault tolerance: step {self.state.step} not committed ({why}); retrying it", flush=True)
         return False
+
+    def give_up_when_stuck(self, waiting: bool) -> None:
+        """End every rank of the group (one line, exit NO_QUORUM_EXIT) when no step has committed for
+        comm.init_timeout_seconds since the start (the first step) or comm.train_timeout_seconds since the last
+        commit: a quorum that cannot form or a group that keeps failing ends instead of retrying forever."""
+        comm = self.cfg.comm
+        limit, key = (comm.train_timeout_seconds, "train") if self.committed else (comm.init_timeout_seconds, "init")
+        late = torch.tensor([float(time.perf_counter() - (self.committed or self.started) > limit)])
+        if dist.is_initialized():  # the group's ranks decide together (each rank's clock differs by a retry)
+            late = late.to(self.state.ctx.device)
+            dist.all_reduce(late, op=dist.ReduceOp.MAX)
+        if not late.item():
+            return
+        ft, n = self.cfg.fault_tolerance, self.manager.num_participants()
+        if waiting:
+            why = (
+                f"fault_tolerance.start_together waits for all {num_groups(self.cfg)} replica groups and {n} joined; "
+                "start the other groups, or set fault_tolerance.start_together = false"
+            )
+        elif n < ft.min_replica_size:
+            why = (
+                f"only {n} replica group(s) in the quorum, fewer than fault_tolerance.min_replica_size = "
+                f"{ft.min_replica_size}; start the missing groups or lower fault_tolerance.min_replica_size"
+            )
+        else:
+            err = self.manager.errored()
+            failed = f"the step's all-reduce failed ({str(err.original_exception)[:160]})" if err else "a group"
+            why = f"{failed} kept voting against the commit; the other groups' output says why"
+        from meshforge.parallel.distributed import report_once
+
+        report_once(
+            f"meshforge: fault tolerance: step {self.state.step} did not commit within comm.{key}_timeout_seconds = "
+            f"{limit} s: {why}. The last committed step is {self.state.step - 1}"
+        )
+        raise SystemExit(NO_QUORUM_EXIT)
 
     def _record(self, commit_s: float) -> None:
         assert self.log is not None
