@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from meshforge.bench import schedule
 from meshforge.bench.machine import LoadSampler, machine_info, speed_probe, speed_summary
 from meshforge.bench.matrix import BenchMatrix, BenchRun, load_matrix
 from meshforge.bench.record import Repetition, make_record
@@ -29,7 +30,7 @@ from meshforge.bench.runner import (
     write_json,
 )
 from meshforge.bench.warm import WarmLauncher
-from meshforge.config.io import ConfigError
+from meshforge.config.io import ConfigError, load_config
 
 DEFAULT_MATRIX = "configs/bench/default.toml"
 
@@ -116,8 +117,6 @@ def main(argv: list[str]) -> int:
 
 def check_train_args(matrix: BenchMatrix) -> None:
     """Every run's `meshforge train` keys parse and validate: a typo in the matrix fails before anything runs."""
-    from meshforge.config.io import load_config
-
     for run in matrix.runs:
         try:
             load_config(*matrix.config_and_overrides(run))
@@ -177,6 +176,7 @@ def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> di
                 "reused": len(plan.kept),
                 "repeat": matrix.repeat,
                 "order": "interleaved",
+                "stopping": schedule.rule(matrix),
                 "launcher": launcher_info(warm),
                 "wall_s": round(time.perf_counter() - start, 1),
                 "load_avg_1m": load.summary(),
@@ -185,20 +185,23 @@ def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> di
             return build_results(matrix, [records[r.name] for r in plan.runs if r.name in records], machine, info)
 
         speeds: list[float] = []
-        for index in range(matrix.repeat):
+        while batch := schedule.next_round(matrix, todo, reps, records):  # bench/schedule.py: the stopping rule
             speeds.append(speed_probe())
-            for run in todo:
-                if index and reps[run.name][0]["status"] != "ok":
-                    continue
+            started = 0
+            for run in batch:
+                if not schedule.fits(matrix, run, reps[run.name], time.perf_counter() - start):
+                    continue  # past its minimum and over the time budget
+                index, started = len(reps[run.name]), started + 1
                 display.start(run, index)
                 rep = run_one(matrix, run, out, launch, progress=display.step, index=index, warm=warm)
                 reps[run.name].append(rep)
                 records[run.name] = make_record(matrix, run, reps[run.name])
                 if launch.node_rank == 0:
-                    if index == matrix.repeat - 1 or reps[run.name][0]["status"] != "ok":
-                        save_record(out, records[run.name])
+                    save_record(out, records[run.name])
                     write_json(out / "results.json", results())
                 display.done(run, reps[run.name][-1], index)
+            if not started:
+                break
         speeds.append(speed_probe())
         return results()
 
@@ -282,7 +285,8 @@ class SweepDisplay:
             TimeElapsedColumn(),
             console=self.console,
         )
-        self.runs = self.progress.add_task("runs", total=len(self.todo) * matrix.repeat)
+        self.minimum = {run.name: schedule.minimum_repeat(matrix, run) for run in self.todo}
+        self.runs = self.progress.add_task("runs", total=sum(self.minimum.values()))
         self.steps = self.progress.add_task("  steps", total=matrix.steps)
 
     def __enter__(self) -> SweepDisplay:
@@ -290,6 +294,12 @@ class SweepDisplay:
         self.console.print(
             f"meshforge bench {self.matrix.name}: {len(self.todo)} runs to go, {len(kept)} reused "
             f"(finished earlier; --force reruns them); {self.matrix.repeat} repetitions each, interleaved"
+            + (
+                f", then more until each interval is within +-{self.matrix.target_half_width:.0%} (at most "
+                f"{self.matrix.max_repeat}, {self.matrix.time_budget_s:.0f} s budget)"
+                if self.matrix.max_repeat > self.matrix.repeat
+                else ""
+            )
         )
         for name, old in kept.items():
             self.console.print(f"  = {name:<22} {old['status']:<11} {self.summary(old)}")
@@ -302,7 +312,9 @@ class SweepDisplay:
     def start(self, run: BenchRun, index: int = 0) -> None:
         left = [r.name for r in self.todo[self.todo.index(run) + 1 :]]
         more = f"  (then: {', '.join(left[:4])}{', ...' if len(left) > 4 else ''})" if left else ""
-        rep = f" [{index + 1}/{self.matrix.repeat}]"
+        rep = f" [{self.count(run, index)}]"
+        if index >= self.minimum[run.name]:  # a repetition past the minimum (the interval is still too wide)
+            self.progress.update(self.runs, total=(self.progress.tasks[self.runs].total or 0) + 1)
         self.progress.update(self.runs, description=f"{run.name}{rep} on {run.ranks} ranks{more}")
         self.progress.reset(self.steps, total=self.matrix.steps)
 
@@ -312,8 +324,13 @@ class SweepDisplay:
     def done(self, run: BenchRun, rep: Repetition, index: int = 0) -> None:
         mark = {"ok": "ok", "unsupported": "--", "failed": "XX"}[rep["status"]]
         line = f"  {mark} {run.name:<22} {rep['status']:<11} {self.rep_summary(rep)}"
-        self.console.print(line + (f"  [{index + 1}/{self.matrix.repeat}]" if self.matrix.repeat > 1 else ""))
+        self.console.print(line + (f"  [{self.count(run, index)}]" if self.matrix.repeat > 1 else ""))
         self.progress.advance(self.runs)
+
+    def count(self, run: BenchRun, index: int) -> str:
+        """'2/3': repetition 2 of a minimum of 3; '4/3+': a repetition past the minimum."""
+        least = self.minimum[run.name]
+        return f"{index + 1}/{least}" + ("+" if index >= least else "")
 
     def rep_summary(self, rep: Repetition) -> str:
         if rep["status"] != "ok":

@@ -25,7 +25,9 @@ from meshforge.bench.machine import cpu_cores, load_average
 from meshforge.bench.matrix import BenchMatrix, BenchRun
 from meshforge.bench.record import Repetition
 from meshforge.bench.warm import WarmJob, WarmLauncher
+from meshforge.config.io import load_config
 from meshforge.errors import ConfigError
+from meshforge.train.cli import check_layout
 
 SCHEMA_VERSION = 2  # 2: repetitions, bootstrap intervals, raw step values, machine state
 FINISHED = ("ok", "failed", "unsupported")
@@ -73,9 +75,6 @@ def command(matrix: BenchMatrix, run: BenchRun, dump_folder: str, launch: Launch
 
 def layout_refusal(matrix: BenchMatrix, run: BenchRun) -> str:
     """meshforge's own verdict on the layout (degrees vs model shape and sequence length), '' if it is valid."""
-    from meshforge.config.io import ConfigError, load_config
-    from meshforge.train.cli import check_layout
-
     group_ranks = run.ranks // run.dp_replicate if run.fault_tolerance else run.ranks  # the layout of one group
     try:
         check_layout(load_config(*matrix.config_and_overrides(run)), group_ranks)

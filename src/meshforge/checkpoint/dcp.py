@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
-from meshforge.checkpoint import store
+from meshforge.checkpoint import hf, store
 from meshforge.checkpoint.stateful import FLAT, ModelParts, TrainProgress, model_view
 from meshforge.config.io import check_writable
 from meshforge.config.schema import Checkpoint
@@ -222,8 +222,6 @@ class Checkpointer:
         return steps[-1] if steps else -1
 
     def _load_initial(self, states: Mapping[str, Stateful], path: Path) -> None:
-        from meshforge.checkpoint import hf
-
         if not path.exists():
             raise ConfigError(f"checkpoint.initial_load_path = {str(path)!r} does not exist")
         if hf.is_hf_checkpoint(path):

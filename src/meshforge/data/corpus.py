@@ -20,6 +20,7 @@ from pathlib import Path
 from meshforge.data.manifest import FORMAT, MANIFEST
 from meshforge.data.prepare import PrepareOptions, prepare
 from meshforge.data.sources import expand_inputs
+from meshforge.data.tokenizer import build_tokenizer
 from meshforge.errors import ConfigError
 from meshforge.paths import REPO_ROOT, cache_root
 
@@ -75,8 +76,6 @@ def _locked(path: Path) -> Iterator[None]:
 def cached_prepared(inputs: list[str], key_parts: list[str], options: PrepareOptions) -> Path:
     """The cache folder holding ``prepare(inputs, options)``, prepared now if absent (atomically: a temporary
     folder renamed into place)."""
-    from meshforge.data.tokenizer import build_tokenizer
-
     fingerprint = build_tokenizer(options.tokenizer_path).fingerprint
     key = hashlib.sha256("\0".join([FORMAT, fingerprint, repr(options), *key_parts]).encode()).hexdigest()
     folder = prepared_root() / key[:32]

@@ -17,7 +17,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from meshforge.config.schema import Float8, Parallelism
 from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs
+from meshforge.parallel import composability
+from meshforge.parallel.context_parallel import check_cp_impl
 from meshforge.parallel.degrees import Degrees, check_ep_compile, check_ep_degrees, check_ep_shape, degrees_from_config
+from meshforge.parallel.float8 import check_float8_support
 
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 FLATTENED = {
@@ -100,9 +103,6 @@ class ParallelDims(Degrees):
         """Options that need particular hardware or other options, checked once the device is known: never a silent
         no-op. ``features``: the job's other composability columns (composability.job_features: AC, chunked loss,
         document mask, ...), refused here as the table says."""
-        from meshforge.parallel.context_parallel import check_cp_impl
-        from meshforge.parallel.float8 import check_float8_support
-
         if parallelism.enable_async_tensor_parallel:
             fix = "set parallelism.enable_async_tensor_parallel = false"
             if self.tp == 1:
@@ -139,8 +139,6 @@ class ParallelDims(Degrees):
     ) -> None:
         """The composability table's refusals for this layout's compile / Float8 and ``features``
         (parallel/composability.py)."""
-        from meshforge.parallel import composability
-
         own = (["compile"] if compile_enabled else []) + ([f"float8_{float8.recipe_name}"] if float8.enable else [])
         features = list(dict.fromkeys([*own, *features]))
         cp_impl = parallelism.context_parallel_impl

@@ -34,6 +34,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from meshforge.errors import ConfigError
 from meshforge.model.moe import MoE
+from meshforge.parallel.float8 import torchao
 
 
 def apply_tp(
@@ -215,16 +216,12 @@ class ReplicateParallel(ParallelStyle):
 def _styles(float8: bool) -> tuple[Any, Any, Any]:
     """(column-wise, row-wise, prepare-input) style classes, Float8-aware when ``float8``."""
     if float8:
-        from meshforge.parallel.float8 import torchao
-
         tp = torchao("torchao.float8.float8_tensor_parallel")
         return tp.Float8ColwiseParallel, tp.Float8RowwiseParallel, tp.PrepareFloat8ModuleInput
     return ColwiseParallel, RowwiseParallel, PrepareModuleInput
 
 
 def _all_linears_float8(block: nn.Module) -> bool:
-    from meshforge.parallel.float8 import torchao
-
     float8_linear = torchao("torchao.float8.float8_linear").Float8Linear
     linears = [m for m in block.modules() if isinstance(m, nn.Linear)]
     return bool(linears) and all(isinstance(m, float8_linear) for m in linears)

@@ -48,10 +48,14 @@ from meshforge.model.hf_config import model_args_for, model_label, resolve_model
 from meshforge.model.llama import build_model, canonical_name, check_trainable
 from meshforge.observability.metrics import logging_ranks
 from meshforge.observability.profiling import check_window
+from meshforge.parallel.composability import job_features
 from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import AXES, ParallelDims
 from meshforge.parallel.distributed import clear_dtensor_caches
+from meshforge.parallel.float8 import resolve_emulation
 from meshforge.parallel.parallelize import parallelize
+from meshforge.parallel.pipeline.split import module_order, prune_to_stage
+from meshforge.parallel.pipeline.stage import plan_pipeline
 
 GIB = 2**30
 OPTIMIZER_STATES = {"AdamW": 2, "Adam": 2}
@@ -121,9 +125,6 @@ def model_args(cfg: JobConfig, notes: list[str]) -> ModelArgs:
 def check_features(cfg: JobConfig, dims: ParallelDims, target: str, notes: list[str], args: ModelArgs) -> None:
     """ParallelDims.validate_features for the target device (every composability column of the job); GPU-only checks
     become notes."""
-    from meshforge.parallel.composability import job_features
-    from meshforge.parallel.float8 import resolve_emulation
-
     float8, how = resolve_emulation(cfg.quantize.dense.float8, torch.device(target))
     if how:
         notes.append(f"{how} on the {target} target")
@@ -143,8 +144,6 @@ def check_features(cfg: JobConfig, dims: ParallelDims, target: str, notes: list[
 
 def pipeline_plan(cfg: JobConfig, dims: ParallelDims, n_layers: int) -> tuple[str, list[list[str]], dict[int, int]]:
     """The real pipeline checks and split (parallel/pipeline.py): schedule, module names per stage, stage -> rank."""
-    from meshforge.parallel.pipeline.stage import plan_pipeline
-
     par = cfg.parallelism
     plan = plan_pipeline(par, cfg.training, dims, n_layers, cfg.compile.enable, cfg.activation_checkpoint)
     modules = plan.modules
@@ -176,8 +175,6 @@ def build_parts(
     cfg: JobConfig, dims: ParallelDims, mesh: DeviceMesh | None, args: ModelArgs
 ) -> tuple[dict[int, list[tuple[int, list[str], nn.Module]]], str]:
     """Each pipeline rank's parallelized stages (meta device), and a line describing the pipeline."""
-    from meshforge.parallel.pipeline.split import module_order, prune_to_stage
-
     parallelize_part = functools.partial(
         parallelize,
         dims=dims,

@@ -16,6 +16,8 @@ import torch
 
 from meshforge.config.io import ConfigError, check_writable
 from meshforge.config.schema import JobConfig
+from meshforge.data.tokenizer import resolve_path
+from meshforge.tools.dry_run import plan
 
 
 def local_device(requested: str) -> Literal["cpu", "cuda"]:
@@ -30,15 +32,11 @@ def local_device(requested: str) -> Literal["cpu", "cuda"]:
 def preflight(cfg: JobConfig, world_size: int) -> None:
     """Raise `ConfigError` (one line) for the first mistake a ``world_size``-rank local launch of ``cfg`` would
     stop with."""
-    from meshforge.tools.dry_run import plan
-
     local = dataclasses.replace(
         cfg, training=dataclasses.replace(cfg.training, device=local_device(cfg.training.device))
     )
     plan(local, world_size)
     if not cfg.model.tokenizer_path.startswith("hf:"):
-        from meshforge.data.tokenizer import resolve_path
-
         resolve_path(cfg.model.tokenizer_path)
     check_writable(Path(cfg.job.dump_folder), "job.dump_folder")
     ck = cfg.checkpoint
