@@ -130,16 +130,19 @@ def test_job_features_of_a_config_are_the_matrix_jobs_columns(index: int) -> Non
 def test_a_three_way_refusal_needs_all_of_its_settings(capsys: pytest.CaptureFixture[str]) -> None:
     from meshforge.cli import main
 
-    assert table.refusal(["tp_sp"], ["ac_full", "compile"], "cpu") is not None
-    assert table.refusal(["tp_sp"], ["ac_none", "compile"], "cpu") is None
-    assert table.refusal(["tp_sp"], ["ac_full"], "cpu") is None
-    assert table.refusal(["tp_sp"], ["ac_full", "compile"], "cuda") is None  # measured on CPU only: nothing claimed
+    for device in ("cpu", "cuda"):  # AOT autograd's, not a device's: refused (or run) alike on both
+        assert table.refusal(["tp_sp"], ["ac_full", "compile", "moe"], device) is not None
+        assert table.refusal(["tp_sp"], ["ac_every_n", "compile", "moe"], device) is not None  # every N-th: full AC
+        assert table.refusal(["tp_sp"], ["ac_full", "compile"], device) is None  # dense: compiled inside the checkpoint
+        assert table.refusal(["tp_sp"], ["ac_none", "compile", "moe"], device) is None
+        assert table.refusal(["tp_sp"], ["ac_full", "moe"], device) is None
+        assert table.refusal(["tp_sp"], ["ac_selective_op", "compile", "moe"], device) is None
     argv = ["train", "--dry-run", "--world-size", "2", "--training.device", "cpu", "--compile.enable"]
-    argv += ["--parallelism.tensor_parallel_degree", "2"]
-    assert main([*argv, "--activation_checkpoint.mode", "full"]) == 2
+    argv += ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "full"]
+    assert main(argv) == 0  # the dense model: runs (tests/distributed/test_tp_compile_full_ac.py)
+    capsys.readouterr()
+    assert main([*argv, "--model.flavor", "debugmoe"]) == 2
     assert "selective_ac_option = 'op'" in capsys.readouterr().err
-    assert table.refusal(["tp_sp"], ["ac_every_n", "compile"], "cpu") is not None  # every N-th block: full AC too
-    assert table.refusal(["tp_sp"], ["ac_selective_op", "compile"], "cpu") is None
 
 
 def test_every_active_row_and_feature_is_checked() -> None:

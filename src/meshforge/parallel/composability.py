@@ -151,13 +151,21 @@ class Interaction:
 
 
 _TP_RECOMPUTE = (
-    "AOT autograd saves a DeviceMesh among the tensors of a compiled, fully recomputed TP block (torch 2.13:"
-    " 'expected all tensors_saved_with_vc_check to be Tensors')"
+    "an MoE block under TP must be compiled around its checkpoint (compiled inside it, the replayed forward would "
+    "count routed tokens twice), and there AOT autograd saves a DeviceMesh among the recomputed tensors (torch 2.13: "
+    "'expected all tensors_saved_with_vc_check to be Tensors'); dense blocks are compiled inside the checkpoint"
 )
 _TP_RECOMPUTE_FIX = "activation_checkpoint.selective_ac_option = 'op' (per-op, measured to run) or mode = 'none'"
 INTERACTIONS: list[Interaction] = [
-    # aot_eager and inductor on CPU; not measured on CUDA (the 70B / 405B configs use TP + compile + full AC there)
-    Interaction(frozenset({"tp_sp"}), frozenset({"compile", ac}), _TP_RECOMPUTE, _TP_RECOMPUTE_FIX, frozenset({"cpu"}))
+    # not device-specific (AOT autograd); dense TP + compile + full / every-N AC runs (parallelize.apply_compile,
+    # tests/distributed/test_tp_compile_full_ac.py), as the 70B / 405B configs use it
+    Interaction(
+        frozenset({"tp_sp"}),
+        frozenset({"compile", ac, "moe"}),
+        _TP_RECOMPUTE,
+        _TP_RECOMPUTE_FIX,
+        frozenset({"cpu", "cuda"}),
+    )
     for ac in ("ac_full", "ac_every_n")
 ]
 

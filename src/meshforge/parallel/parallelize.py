@@ -41,9 +41,15 @@ def check_compile_backend(backend: str) -> None:
         ) from None
 
 
-def apply_compile(model: nn.Module, cfg: Compile) -> None:
-    """torch.compile each transformer block (identical blocks share one compiled graph)."""
+def apply_compile(model: nn.Module, cfg: Compile, *, tp: bool = False) -> None:
+    """torch.compile each transformer block (identical blocks share one compiled graph). ``tp``: under tensor
+    parallel a fully recomputed dense block (full / every-N AC) is compiled *inside* its checkpoint (the checkpoint
+    runs eagerly and replays the compiled forward): compiled around it, AOT autograd's partitioner saves the block's
+    DeviceMesh (a graph input of the DTensor ops) among the recomputed region's tensors and the forward fails with
+    "expected all tensors_saved_with_vc_check to be Tensors" (torch 2.13, aot_eager and inductor, any device)."""
     check_compile_backend(cfg.backend)
+    if tp:
+        compile_inside_checkpoints(model, cfg)
     if moe_layers(model):
         # an MoE layer counts its routed tokens in place (a buffer the balancer reads); inside a checkpointed block
         # dynamo refuses that side effect unless told the recompute must not replay it, which is the intent
@@ -51,7 +57,22 @@ def apply_compile(model: nn.Module, cfg: Compile) -> None:
         torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     layers: nn.ModuleDict = model.layers  # type: ignore[assignment]
     for name, block in list(layers.items()):
-        layers[name] = torch.compile(block, backend=cfg.backend, fullgraph=True)  # type: ignore[assignment]
+        if not getattr(block, "_compiled_inside", False):
+            layers[name] = torch.compile(block, backend=cfg.backend, fullgraph=True)  # type: ignore[assignment]
+
+
+def compile_inside_checkpoints(model: nn.Module, cfg: Compile) -> None:
+    """Compile the wrapped module of every fully recomputed dense block, leaving its checkpoint eager. Not for
+    per-op selective AC (its policy must see the ops: that order works) nor for MoE blocks (the replayed compiled
+    forward would count routed tokens a second time; composability refuses that combination)."""
+    layers: nn.ModuleDict = model.layers  # type: ignore[assignment]
+    for block in layers.values():
+        inner = getattr(block, "_checkpoint_wrapped_module", None)
+        per_op = "context_fn" in getattr(getattr(block, "checkpoint_fn", None), "keywords", {})
+        if inner is None or per_op or moe_layers(inner):
+            continue
+        setattr(block, "_checkpoint_wrapped_module", torch.compile(inner, backend=cfg.backend, fullgraph=True))  # noqa: B010
+        setattr(block, "_compiled_inside", True)  # noqa: B010
 
 
 def parallelize(
@@ -88,7 +109,7 @@ def parallelize(
         apply_cp(model, cp_mesh, impl=resolve_cp_impl(parallelism.context_parallel_impl, cp_mesh.device_type))
     apply_ac(model, ac)
     if compile_cfg.enable:
-        apply_compile(model, compile_cfg)
+        apply_compile(model, compile_cfg, tp=tp_mesh is not None)
     if dims.fsdp_enabled:
         fsdp_mesh = sub_mesh(mesh, "dp_replicate", "dp_shard_cp")
         assert fsdp_mesh is not None
