@@ -59,6 +59,74 @@ def modules() -> dict[str, Path]:
     }
 
 
+def module_of(path: Path, root: Path = SRC) -> str:
+    """``meshforge.a.b`` for a/b.py under ``root`` (src/meshforge); a package's __init__.py is the package itself."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(("meshforge", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def import_graph(root: Path = SRC) -> dict[str, set[str]]:
+    """File -> the meshforge files it imports at run time (inside functions too; ``if TYPE_CHECKING:`` aside).
+    ``from pkg import name`` is an edge to pkg/name.py when that is a module, else to the package; the implicit import
+    of a parent package by its submodules is no edge (a package's __init__ re-exporting its modules is no loop)."""
+    files = {module_of(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        edges: set[str] = set()
+        for node in _runtime_import_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("meshforge"):
+                subs = {f"{node.module}.{a.name}" for a in node.names}
+                edges |= {sub if sub in files else node.module for sub in subs}
+            elif isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+        graph[name] = {e for e in edges if e in files and e != name}
+    return graph
+
+
+def _runtime_import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module (inside functions too) outside ``if TYPE_CHECKING:`` blocks."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(n) for n in ast.walk(node)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) and id(n) not in skipped]
+
+
+def file_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one file (Tarjan), each sorted: every file loop lies in one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
 def test_imports_run_one_way() -> None:
     wrong = []
     for name, path in modules().items():
@@ -100,3 +168,26 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
         "def f():\n    from meshforge.plan.layout import Layout\n"
     )
     assert runtime_imports(file) == {"meshforge.plan.layout"}
+
+
+def test_no_file_level_import_cycle() -> None:
+    """No two files of src/meshforge import each other, directly or around a loop, at run time (imports inside
+    functions count: they hide a loop, they do not break it; type-only imports aside)."""
+    cycles = " ; ".join(" <-> ".join(c) for c in file_cycles(import_graph()))
+    assert not cycles, f"file-level import cycles (break each at its cause): {cycles}"
+
+
+def test_the_cycle_check_sees_a_loop_inside_functions(tmp_path: Path) -> None:
+    """The cycle check is not vacuous: a loop closed by an import inside a function is found, one closed only under
+    ``if TYPE_CHECKING:`` is not, and a package __init__ re-exporting its module is no loop."""
+    pkg = tmp_path / "meshforge"
+    (pkg / "room").mkdir(parents=True)
+    (pkg / "room" / "__init__.py").write_text("from meshforge.room.b import g\n")
+    (pkg / "room" / "a.py").write_text("from meshforge.room import b\n")
+    (pkg / "room" / "b.py").write_text("def g():\n    from meshforge.room.a import b\n")
+    (pkg / "room" / "c.py").write_text("from meshforge.room import d\n")
+    type_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import meshforge.room.c\n"
+    (pkg / "room" / "d.py").write_text(type_only)
+    graph = import_graph(pkg)
+    assert graph["meshforge.room.b"] == {"meshforge.room.a"}
+    assert file_cycles(graph) == [["meshforge.room.a", "meshforge.room.b"]]
