@@ -1,11 +1,11 @@
 """The shipped GPU constants: the fit of plan/accuracy/loo.py to every published row, from its neutral start (rounded).
 
 Kept apart from hardware.py so that refitting them changes no file the leave-one-out folds depend on (the folds start
-from validate.NEUTRAL, never from these; plan/accuracy/folds.py's key hashes hardware.py's code). The test
+from loo.NEUTRAL, never from these; plan/accuracy/folds.py's key hashes hardware.py's code). The test
 tests/unit/test_plan_validate.py fails when they are not the fit. ``REFERENCE`` is the h100-96gb family's (the
 shared constants: 29 of the 37 rows); ``FAMILIES`` holds, per GPU generation the rows determine, its speed factor on
 matmul and attention (fit.FAMILY_SCALES) and its own leave-one-out spreads; ``UNSEEN`` is a generation with no row:
-the shared constants with the family prior's spread added (validate.FAMILY_PRIOR_SD).
+the shared constants with the family prior's spread added (loo.FAMILY_PRIOR_SD).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ FAMILIES: dict[str, dict[str, float]] = {
 UNSEEN_PRESETS = ("gb200",)
 """GPU presets no published row measured."""
 UNSEEN: dict[str, float] = {"tps_log_sd": 0.265, "memory_log_sd": 0.2589}
-"""The spreads of a GPU generation no row measured: the reference's with validate.FAMILY_PRIOR_SD added."""
+"""The spreads of a GPU generation no row measured: the reference's with loo.FAMILY_PRIOR_SD added."""
 COVARIANCE_NAMES: tuple[str, ...] = (
     "matmul",
     "attention",

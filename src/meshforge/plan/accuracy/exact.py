@@ -3,7 +3,7 @@
 ``exact_param_numel`` runs a fresh Python process (so the fake process group never touches the caller) that builds
 ``meshforge.model.llama`` on the meta device, applies ``meshforge.parallel``'s tensor parallel and FSDP2 to an
 N-way ``init_device_mesh("cpu", ...)`` over ``FakeStore``, and sums rank 0's local shards. No device memory is used.
-Pipeline parallel is not covered here (memory.py handles stages analytically).
+Pipeline parallel is not covered here (physics/parts.py handles stages analytically).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class ExactCase:
 
 
 def analytical_param_numel(case: ExactCase) -> int:
-    """memory.py's figure for the same sharding (what the planner uses)."""
+    """physics/parts.py's figure for the same sharding (what the planner uses)."""
     args = get_flavor(case.flavor)
     layout = Layout(
         flavor=case.flavor, seq_len=args.max_seq_len, local_batch_size=1, dp_shard=case.dp_shard, tp=case.tp

@@ -5,8 +5,8 @@ and the exposed tensor/context-parallel communication; under pipeline parallel t
 sends, simulator.py) + FSDP communication that compute cannot hide + the optimizer step (+ for MoE flavors the token
 all-to-alls of expert parallel, plan/physics/moe.py, all exposed: meshforge waits on each before the experts run).
 Compute is FLOPs over achieved FLOP/s (matmuls and flash attention separately) plus element-wise bytes over achieved
-memory bandwidth; communication is alpha-beta (comm.py). Memory is memory.py. The constants are hardware.Efficiency's;
-docs/planner.md derives every formula.
+memory bandwidth; communication is alpha-beta (comm.py). What a rank holds is parts.py, its memory memory.py and
+peak.py. The constants are hardware.Efficiency's; docs/planner.md derives every formula.
 """
 
 from __future__ import annotations
