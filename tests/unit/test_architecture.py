@@ -4,9 +4,11 @@ past what a reader takes in at once."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "meshforge"
+DOC = SRC.parents[1] / "docs" / "architecture.md"
 FLOORS = {
     "paths": -1,  # the ground (paths, errors): import nothing from meshforge, so every room may use them
     "errors": -1,
@@ -191,3 +193,80 @@ def test_the_cycle_check_sees_a_loop_inside_functions(tmp_path: Path) -> None:
     graph = import_graph(pkg)
     assert graph["meshforge.room.b"] == {"meshforge.room.a"}
     assert file_cycles(graph) == [["meshforge.room.a", "meshforge.room.b"]]
+
+
+def documented_modules(text: str) -> set[str]:
+    """Paths under src/meshforge that docs/architecture.md's tree (its first code block) names: a folder line
+    (``  room/`` or, indented two more per level, ``    sub/``) opens a folder whose text runs until the next folder
+    or top-level file line; every ``name.py`` in that text is ``folder/name.py``."""
+    block = text.split("```", 2)[1]
+    found: set[str] = set()
+    folders: list[str] = []
+    for line in block.splitlines():
+        indent, words = len(line) - len(line.lstrip()), line.split()
+        if not words or not 2 <= indent <= 12 or indent % 2:
+            pass  # a continuation line (aligned with the descriptions) stays in the current folder
+        elif re.fullmatch(r"\w+/", words[0]):
+            folders = [*folders[: indent // 2 - 1], words[0]]
+        elif indent == 2:
+            folders = []
+        prefix = "".join(folders)
+        found |= {prefix + name for name in re.findall(r"\b\w+\.py\b", line)}
+    return found
+
+
+def test_every_module_is_named_in_the_architecture_doc() -> None:
+    """A newcomer finds every module in docs/architecture.md's tree, in its folder (a package's __init__ is named by
+    its folder)."""
+    named = documented_modules(DOC.read_text())
+    folders = {name.rsplit("/", 1)[0] + "/" for name in named if "/" in name}
+    missing = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if path.name == "__init__.py":
+            if rel != "__init__.py" and rel.rsplit("/", 1)[0] + "/" not in folders and rel not in named:
+                missing.append(rel)
+        elif rel not in named:
+            missing.append(rel)
+    assert not missing, f"modules docs/architecture.md's tree does not name (add them to their room): {missing}"
+
+
+def test_the_doc_check_reads_folders() -> None:
+    """The doc parser files names under their folder, nested folders included, and top-level files at the top."""
+    tree = "x\n```\nsrc/meshforge/\n  cli.py   the CLI\n  room/    a.py (the a), b.py,\n           c.py\n"
+    tree += "    sub/   d.py\n  other/   e.py\n  f.py     last\n```\n"
+    assert documented_modules(tree) == {
+        "cli.py",
+        "room/a.py",
+        "room/b.py",
+        "room/c.py",
+        "room/sub/d.py",
+        "other/e.py",
+        "f.py",
+    }
+
+
+ORDER_WORDS = {
+    "apply_float8": "Float8 conversion",
+    "apply_tp": "tensor/sequence parallel",
+    "apply_ep": "expert parallel",
+    "apply_cp": "context parallel",
+    "apply_ac": "activation checkpointing",
+    "apply_compile": "torch.compile",
+    "apply_fsdp": "FSDP/HSDP",
+}
+
+
+def test_the_documented_parallelize_order_is_the_code_s() -> None:
+    """docs/architecture.md's order (and parallelize.py's docstring) list the strategies as parallelize() applies
+    them."""
+    source = (SRC / "parallel" / "parallelize.py").read_text()
+    body = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "parallelize")
+    calls = [n for n in ast.walk(body) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    applied = [ORDER_WORDS[c.func.id] for c in sorted(calls, key=lambda c: c.lineno) if c.func.id in ORDER_WORDS]  # type: ignore[attr-defined]
+    assert len(applied) == len(ORDER_WORDS), applied
+    section = DOC.read_text().split("## The parallelize order", 1)[1].split("\n## ", 1)[0]
+    for text in (section, ast.get_docstring(ast.parse(source)) or ""):
+        block = " ".join(" ".join(line.split()) for line in text.splitlines() if line.startswith("    "))
+        documented = sorted((block.find(w), w) for w in ORDER_WORDS.values() if w in block)
+        assert [w for _, w in documented] == applied, f"documented {block!r}, applied {applied}"
