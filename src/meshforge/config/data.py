@@ -14,8 +14,9 @@ class Data:
 
     max_open_shards: int = 32
     """Memory maps of shards (and as many of their .idx) kept open per split; more are closed least recently used."""
-    verify: Literal["cheap", "full"] = "cheap"
-    """At start-up check every shard: cheap (sizes, .idx headers and ends) or full (also every sha256)."""
+    verify: Literal["cheap", "full", "sizes"] = "cheap"
+    """At start-up check every shard's sizes, .idx headers and ends; cheap: then each shard's sha256 on a reader thread
+    before its first read (off the step's path); full: every sha256 at start-up; sizes: no sha256."""
 
     def validate(self) -> None:
         if self.max_open_shards < 2:

@@ -18,17 +18,63 @@ VERIFY_HINT = "run `meshforge data verify {folder}` for every bad file, then pre
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest of a prepared dataset; ValueError naming the folder and the fix when there is none."""
+    """The manifest of a prepared dataset; a one-line ConfigError naming the file and the fix when there is none, it
+    is not JSON, or its shape is not a manifest's."""
     path = folder / MANIFEST
     if not path.is_file():
         raise ConfigError(
             f"{str(folder)!r} is not a prepared dataset (no {MANIFEST}; an interrupted preparation leaves none): "
             "run `meshforge data prepare INPUT... --out DIR` first"
         )
-    manifest: dict[str, Any] = json.loads(path.read_text())
+    try:
+        manifest: Any = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{str(path)!r} is not JSON ({error}): prepare the dataset again") from None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{str(path)!r} holds a {type(manifest).__name__}, not a manifest object: prepare it again")
     if manifest.get("format") != FORMAT:
         raise ConfigError(f"{str(path)!r} has format {manifest.get('format')!r}, expected {FORMAT!r}: prepare it again")
+    problem = shape_problem(manifest)
+    if problem:
+        raise ConfigError(f"{str(path)!r} is not a valid manifest: {problem}; prepare the dataset again")
     return manifest
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def shape_problem(manifest: dict[str, Any]) -> str | None:
+    """What of a manifest's shape the reader would trip on (None when sound): the dtype, the tokenizer's fingerprint,
+    each split's counts and each shard's name (a file of the folder), counts and sha256."""
+    if manifest.get("dtype") not in ("uint16", "uint32"):
+        return f"dtype = {manifest.get('dtype')!r} (expected 'uint16' or 'uint32')"
+    tokenizer = manifest.get("tokenizer")
+    if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("fingerprint"), str):
+        return f"tokenizer = {tokenizer!r} (expected an object with a string fingerprint)"
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict) or not splits:
+        return f"splits = {splits!r} (expected an object of splits)"
+    for split, info in splits.items():
+        if not isinstance(info, dict) or not isinstance(info.get("shards"), list):
+            return f"splits.{split} = {str(info)[:80]} (expected an object with a shards list)"
+        for key in ("tokens", "documents"):
+            if not _count(info.get(key)):
+                return f"splits.{split}.{key} = {info.get(key)!r} (expected an integer >= 0)"
+        for i, shard in enumerate(info["shards"]):
+            where = f"splits.{split}.shards[{i}]"
+            if not isinstance(shard, dict):
+                return f"{where} = {shard!r} (expected an object)"
+            name = shard.get("name")
+            if not isinstance(name, str) or not name.endswith(".bin") or "/" in name or "\\" in name or name[0] == ".":
+                return f"{where}.name = {name!r} (expected a .bin file name in the dataset's folder)"
+            for key in ("tokens", "documents"):
+                if not _count(shard.get(key)):
+                    return f"{where}.{key} = {shard.get(key)!r} (expected an integer >= 0)"
+            digest = shard.get("sha256")
+            if not isinstance(digest, str) or len(digest) != 64 or set(digest) - set("0123456789abcdef"):
+                return f"{where}.sha256 = {digest!r} (expected 64 hex digits)"
+    return None
 
 
 def file_sha256(path: Path) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from meshforge.data.integrity import check_split
+from meshforge.data.integrity import ShardChecker, check_split
 from meshforge.data.manifest import MANIFEST, VERIFY_HINT, read_manifest
 from meshforge.errors import ConfigError
 
@@ -211,7 +211,8 @@ class PreparedSplit:
     """One split of a prepared dataset as a single virtual token stream, memory-mapped shard by shard.
 
     Opening reads the manifest and checks every shard cheaply (`integrity.check_split`: sizes, ``.idx`` headers and
-    ends; ``verify="full"`` also every sha256); `read` touches only the pages of the windows asked for and keeps at
+    ends; ``verify="full"`` also every sha256, ``"cheap"`` each sha256 on a reader thread before the shard's first
+    read, ``"sizes"`` no sha256); `read` touches only the pages of the windows asked for and keeps at
     most ``max_open_shards`` maps of each kind open, so resident memory and open files do not grow with the corpus.
     """
 
@@ -227,8 +228,14 @@ class PreparedSplit:
         self.num_tokens, self.num_documents = int(info["tokens"]), int(info["documents"])
         self.shard_names = [shard["name"] for shard in info["shards"]]
         check_split(self.folder, info["shards"], self.dtype, full=verify == "full")
+        self._checker = ShardChecker(self.folder, info["shards"]) if verify == "cheap" else None  # sha256 off-path
         sizes = [int(shard["tokens"]) for shard in info["shards"]]
         self.starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+        if int(self.starts[-1]) != self.num_tokens:  # reads would run past the last shard
+            raise ConfigError(
+                f"{str(self.folder / MANIFEST)!r}: splits.{split}.tokens = {self.num_tokens} but its shards hold "
+                f"{int(self.starts[-1])}; {VERIFY_HINT.format(folder=self.folder)}"
+            )
         self._maps = MapCache(max_open_shards, self._open_bin)
         self._index = MapCache(max_open_shards, self._open_idx)
 
@@ -239,6 +246,8 @@ class PreparedSplit:
         return self._guard(i, ".idx", lambda path: np.load(path, mmap_mode="r"))
 
     def _guard(self, i: int, suffix: str, opener: Callable[[Path], np.ndarray]) -> np.ndarray:
+        if self._checker is not None:
+            self._checker.wait(i)  # its bytes checked before the first read (at once when the thread is past it)
         path = self.folder / self.shard_names[i].replace(".bin", suffix)
         try:
             return opener(path)
