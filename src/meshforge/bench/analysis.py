@@ -55,13 +55,20 @@ def prediction_cells(record: Record) -> tuple[str, str]:
     return f"{value:,.1f}", f"{error:+.0%}{note}"
 
 
-def ranking_lines(results: dict[str, Any]) -> list[str]:
-    """Strategies at the baseline's world size and sequence length, fastest first; '>' where the ratio's interval
-    excludes 1 (separable at the chosen confidence), '~' where these data cannot tell the two apart."""
-    pool = [r for r in _ok(results) if r["group"] == "strategy"]
+def ranked_pool(results: dict[str, Any]) -> list[Record]:
+    """The runs ranked on speed: strategies at the baseline's world size and sequence length, each rank with a core
+    of its own (a run with more ranks than cores is not ranked: bench/ranks.py)."""
+    pool = [r for r in _ok(results) if r["group"] == "strategy" and not r.get("oversubscribed")]
     base = next((r for r in pool if r["name"] == results["bench"].get("baseline")), None)
     if base is not None:
         pool = [r for r in pool if (r["world_size"], r["seq_len"]) == (base["world_size"], base["seq_len"])]
+    return pool
+
+
+def ranking_lines(results: dict[str, Any]) -> list[str]:
+    """Strategies at the baseline's world size and sequence length, fastest first; '>' where the ratio's interval
+    excludes 1 (separable at the chosen confidence), '~' where these data cannot tell the two apart."""
+    pool = ranked_pool(results)
     if len(pool) < 2:
         return []
     level = confidence_of(results)
@@ -76,9 +83,9 @@ def ranking_lines(results: dict[str, Any]) -> list[str]:
         f"\n## Ranking (tokens/s per device, {len(pool)} strategies at {pool[0]['world_size']} ranks)\n",
         chain,
         "",
-        f"`>`: the next one down is slower beyond noise (the {level:.0%} bootstrap interval of the ratio of their "
+        f"`>`: the next one down is slower beyond noise (the {level:.0%} interval of the ratio of their "
         f"medians excludes 1); `~`: these data cannot tell the two apart. {separable} of {len(places) - 1} "
-        "neighbouring pairs are separable.",
+        "neighbouring pairs are separable. Runs with more ranks than cores are not ranked.",
     ]
 
 
@@ -100,9 +107,10 @@ def statistics_table(results: dict[str, Any]) -> list[str]:
     level = confidence_of(results)
     lines = [
         "\n## Statistics per run\n",
-        f"Medians over the steady-state steps of all repetitions; {level:.0%} interval from a two-level bootstrap "
-        "(repetitions, then steps; 2000 resamples, seeded); outliers are steps beyond 1.5 IQR of the run's steps "
-        "(kept in the median, listed as repetition:step = tokens/s).\n",
+        f"Medians over the steady-state steps of all repetitions; {level:.0%} interval: Student's t over the "
+        "repetitions' log medians (one repetition: a bootstrap over its steps); repetitions went on past the "
+        "minimum while an interval was wider than the target (bench/schedule.py); outliers are steps beyond 1.5 IQR "
+        "of the run's steps (kept in the median, listed as repetition:step = tokens/s).\n",
         "| Run | Repetitions | Steps | Median | Interval | +- % | Per repetition | Outlier steps |",
         "|---|---:|---:|---:|---:|---:|---|---|",
     ]
@@ -151,8 +159,21 @@ def machine_lines(results: dict[str, Any]) -> list[str]:
         f"{machine.get('load_avg_1m_before') or 0:.2f}{busy_text(machine)}, during it (min / median / max of "
         f"{during.get('samples', 0)} samples) {load}.{probes}",
         f"- Every run repeated {repeat} times, each repetition its own job, {sweep.get('order', 'in order')} across "
-        "runs (run A, B, C, then A, B, C again), so a slow minute of the machine falls on every run.",
+        "runs (run A, B, C, then A, B, C again), so a slow minute of the machine falls on every run."
+        + stopping_text(sweep.get("stopping") or {}),
     ]
+
+
+def stopping_text(rule: dict[str, Any]) -> str:
+    """The sequential rule of the sweep, one sentence ('' when every run had a fixed count)."""
+    if not rule.get("target_half_width"):
+        return ""
+    budget = f" while the sweep stayed within {rule['time_budget_s']:.0f} s" if rule.get("time_budget_s") else ""
+    return (
+        f" Then, one round at a time, a run whose interval was wider than +-{rule['target_half_width']:.0%} was "
+        f"repeated again (up to {rule['maximum']}){budget}; runs with more ranks than cores "
+        f"({rule['cores']}) ran {rule['oversubscribed_repeat']} time(s)."
+    )
 
 
 def busy_text(machine: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from meshforge.bench.ranks import oversubscribed, resolve_ranks
 from meshforge.bench.reference import figure
 from meshforge.errors import ConfigError
 from meshforge.model.flavors import get_flavor
@@ -132,7 +133,20 @@ class BenchMatrix:
     repeat: int = 3
     """Repetitions of every run (each its own job), interleaved across runs; `--repeat N` overrides it."""
     confidence: float = 0.95
-    """Confidence level of the bootstrap intervals and of the ranking's "separable"."""
+    """Confidence level of the intervals and of the ranking's "separable"."""
+    max_repeat: int = 0
+    """Sequential rule (bench/schedule.py): past `repeat`, a run is repeated until its interval is within
+    +-target_half_width, up to this many repetitions (0: exactly `repeat`)."""
+    target_half_width: float = 0.05
+    time_budget_s: float = 0.0
+    """A repetition past the minimum starts only if the sweep's time so far plus its length fits (0: no budget)."""
+    oversubscribed_repeat: int = 0
+    """Repetitions of a run with more ranks than cores (0: `repeat`): it proves parity and memory, not speed."""
+    ranked_ranks: int = 0
+    """Ranks of the ranked comparison, what `ranks = 0` means (0: detected, bench/ranks.py)."""
+    max_ranked_ranks: int = 0
+    cores: int = 0
+    """CPU cores the ranks may use (0: detected; 0 on GPUs: one rank per GPU, never oversubscribed)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     scaling: dict[str, list[str]] = field(default_factory=dict)
     source: str = ""
@@ -140,6 +154,9 @@ class BenchMatrix:
     @property
     def steps(self) -> int:
         return self.warmup_steps + self.measured_steps
+
+    def oversubscribed(self, run: BenchRun) -> bool:
+        return oversubscribed(run.ranks, self.cores)
 
     def run(self, name: str) -> BenchRun:
         for run in self.runs:
@@ -262,7 +279,9 @@ def parse_matrix(tree: dict[str, Any], source: str = "", device: str = "") -> Be
         raise ConfigError(f"unknown section [{unknown[0]}] in the bench matrix; use [bench], [[run]] and [[scaling]]")
     head = dict(tree.get("bench", {}))
     runs = [build_entry(BenchRun, entry, f"run[{i}]") for i, entry in enumerate(tree.get("run", []))]
-    if (device or local_device()) == "cpu":
+    device = device or local_device()
+    head, runs = resolve_ranks(head, runs, device)
+    if device == "cpu":
         runs = [replace(r, overrides={**r.overrides, **r.cpu_overrides}) if r.cpu_overrides else r for r in runs]
     matrix = build_entry(BenchMatrix, {**head, "runs": runs, "source": source}, "bench")
     matrix = expand_scaling(matrix, tree.get("scaling", []))
@@ -315,7 +334,8 @@ def expand_scaling(matrix: BenchMatrix, entries: list[dict[str, Any]]) -> BenchM
         except KeyError:
             raise ConfigError(f"{where}.run = {entry['run']!r} is not the name of a [[run]]") from None
         name = entry.get("name", f"{base.name}_scaling")
-        series[name] = [scaled(base, n, matrix, where, runs) for n in entry["ranks"]]
+        counts = dict.fromkeys(n or matrix.ranked_ranks if isinstance(n, int) else n for n in entry["ranks"])
+        series[name] = [scaled(base, n, matrix, where, runs) for n in counts]  # 0: the ranked count
     return replace(matrix, runs=runs, scaling=series)
 
 
@@ -356,10 +376,10 @@ def validate(matrix: BenchMatrix) -> None:
         raise ConfigError(f"bench.dtype = {matrix.dtype!r}; choose one of {', '.join(DTYPES)}")
     if matrix.warmup_steps < 0 or matrix.measured_steps < 1:
         raise ConfigError("bench.warmup_steps must be >= 0 and bench.measured_steps >= 1")
-    if matrix.repeat < 1 or not 0.5 <= matrix.confidence < 1:
+    if matrix.repeat < 1 or not 0.5 <= matrix.confidence < 1 or min(matrix.max_repeat, matrix.time_budget_s) < 0:
         raise ConfigError(
-            f"bench.repeat = {matrix.repeat}, bench.confidence = {matrix.confidence}: need repeat >= 1 and "
-            "0.5 <= confidence < 1 (e.g. 3 and 0.95)"
+            f"bench.repeat = {matrix.repeat}, confidence = {matrix.confidence}, max_repeat = {matrix.max_repeat}, "
+            f"time_budget_s = {matrix.time_budget_s}: need repeat >= 1, 0.5 <= confidence < 1, the others >= 0"
         )
     names = [r.name for r in matrix.runs]
     if len(set(names)) != len(names):

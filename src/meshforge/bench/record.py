@@ -98,6 +98,7 @@ def make_record(matrix: BenchMatrix, run: BenchRun, reps: list[Repetition]) -> d
         "local_batch_size": matrix.local_batch_size(run),
         "gradient_accumulation_steps": run.gradient_accumulation_steps,
         "world_size": run.ranks,
+        "oversubscribed": matrix.oversubscribed(run),  # more ranks than cores: parity and memory, not ranked on speed
         "threads_per_rank": first_ok.get("threads_per_rank", matrix.threads_per_rank),
         "steps": matrix.steps,
         "warmup_steps": matrix.warmup_steps,

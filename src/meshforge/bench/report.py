@@ -9,6 +9,7 @@ from typing import Any
 from meshforge.bench import analysis, ft_rows
 from meshforge.bench import guide as bench_guide
 from meshforge.bench.reference import CLAIMS, article_ratio, figure
+from meshforge.bench.takeaway import takeaway_lines
 
 Record = dict[str, Any]
 
@@ -103,7 +104,7 @@ def main_table(results: dict[str, Any]) -> list[str]:
     for r in (r for r in results["runs"] if r["group"] != "scaling"):
         predicted, error = analysis.prediction_cells(r)
         lines.append(
-            f"| {r['label']} (`{r['name']}`) | {r['world_size']} | {fmt(r['tps_per_device'])} | "
+            f"| {r['label']} (`{r['name']}`) | {ranks_cell(r)} | {fmt(r['tps_per_device'])} | "
             f"{analysis.ci_cell(r)} | {analysis.ratio_cell(r)} | "
             f"{fmt(r['job_tps'])} | {fmt(r['tflops'], 4)} | {fmt(r['mfu_pct'], 2)} | {fmt(r['peak_memory_gib'], 3)} | "
             f"{ratio(r['peak_memory_gib'], base_mem)} | {predicted} | {error} | {fmt(r['final_loss'], 4)} | "
@@ -111,9 +112,15 @@ def main_table(results: dict[str, Any]) -> list[str]:
         )
     lines.append(
         "\n`*`: the ratio's interval excludes 1 (faster or slower than the baseline beyond noise). Memory is the "
-        "peak over the measured steps of all repetitions."
+        "peak over the measured steps of all repetitions. *Oversubscribed*: more ranks than cores, so its ranks "
+        "time-slice the cores; the row shows that the layout trains the same model (parity) and what it holds "
+        "(memory); its speed is not ranked."
     )
     return lines
+
+
+def ranks_cell(record: Record) -> str:
+    return f"{record['world_size']} (oversubscribed)" if record.get("oversubscribed") else str(record["world_size"])
 
 
 def scaling_tables(results: dict[str, Any]) -> list[str]:
@@ -174,9 +181,7 @@ def failures(results: dict[str, Any]) -> list[str]:
 def winner_lines(results: dict[str, Any]) -> list[str]:
     """Which strategy wins here, by per-device throughput and by memory, among runs at the baseline's world size."""
     base = baseline_record(results)
-    pool = [r for r in ok_records(results) if r["group"] == "strategy"]
-    if base is not None:
-        pool = [r for r in pool if r["world_size"] == base["world_size"]] or pool
+    pool = analysis.ranked_pool(results) or [r for r in ok_records(results) if r["group"] == "strategy"]
     if not pool:
         return ["No strategy finished: see the failures below."]
     fastest = max(pool, key=lambda r: r["tps_per_device"])
@@ -198,8 +203,9 @@ def setup_lines(results: dict[str, Any]) -> list[str]:
         f"{bench['global_batch_size']} sequences (unless a run states otherwise), same seed and data for every run: "
         "the loss curves of runs with the same sequence length and batch must coincide.",
         f"- {bench['warmup_steps']} warm-up steps (not timed), then {bench['measured_steps']} measured steps per "
-        "repetition; each figure is the median over the measured steps of all repetitions, with a bootstrap "
-        "confidence interval (CI). Memory: peak over the measured steps, maximum over ranks.",
+        "repetition; each figure is the median over the measured steps of all repetitions, with a confidence "
+        "interval (CI: Student's t over the repetitions' medians). Memory: peak over the measured steps, maximum "
+        "over ranks.",
     ]
     if machine["device"] == "cuda":
         lines.append(f"- Hardware: {machine['gpus']} x {machine['gpu_name']} per node, NCCL; torch {machine['torch']}.")
@@ -232,12 +238,11 @@ def launcher_line(launcher: dict[str, Any]) -> str:
 
 def cpu_caveats(cores: int) -> list[str]:
     return [
-        f"- **Ranks share the {cores} cores.** Each rank is a process with its own thread(s); a run with more ranks "
-        f"than cores time-slices them, so a 'device' here is a share of a core, not a GPU. Up to {cores} ranks every "
-        f"rank has a core; at 4 ranks each gets about half of one, at 8 about a quarter. Per-device throughput "
-        "therefore falls with the rank count by itself: compare strategies at the same number of ranks, read "
-        f"the scaling curve's drop past {cores} ranks as core sharing rather than communication cost, and read "
-        "*job tokens/s* (the whole machine) as the fair total.",
+        f"- **One rank per core.** Each rank is a process with one thread; up to {cores} ranks every rank has a core "
+        "of its own, so the strategies are ranked at the rank count where that holds (bench/ranks.py). A run with "
+        "more ranks than cores (the 2D and 3D compositions here) time-slices the cores: a 'device' there is a share "
+        "of a core, and its per-device figure measures the scheduler as much as the layout, so it is marked "
+        "*oversubscribed* and not ranked; it proves loss parity and memory.",
         "- Collectives go through gloo on one host (shared memory / loopback TCP) and cost far more relative to the "
         "tiny model's compute than NCCL on NVLink does for an 8B model, so communication-heavy layouts (TP, CP) "
         "look worse here than on GPUs. A pipeline rank waiting in the bubble hands its core to another rank, so "
@@ -310,6 +315,7 @@ def render_report(results: dict[str, Any], *, compare_with: str = "", plots_pref
     lines = [
         f"# meshforge bench: {results['bench']['name']}",
         "",
+        *takeaway_lines(results),
         *analysis.noise_lines(results),
         *winner_lines(results),
         "",

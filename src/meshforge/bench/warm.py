@@ -227,7 +227,7 @@ class WarmLauncher:
     """The bench's handle on a warm process (started with the sweep's environment); ``start`` runs one job."""
 
     def __init__(self, env: dict[str, str]):
-        cmd = [sys.executable, "-m", "meshforge.bench.warm"]
+        cmd = [sys.executable, "-m", "meshforge.bench.warm_main"]  # its own entry: no runpy warning
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
         self._buffer = bytearray()
         self.ready = self._read(READY_TIMEOUT_S) or {}
@@ -303,7 +303,3 @@ class WarmJob:
             time.sleep(0.05)
         assert self.returncode is not None
         return self.returncode
-
-
-if __name__ == "__main__":
-    raise SystemExit(serve())
