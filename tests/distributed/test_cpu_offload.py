@@ -78,3 +78,34 @@ def test_checkpoint_resumes_across_cpu_offload(first: list[str], second: list[st
     assert sorted(before) == [1, 2, 3, 4] and sorted(after) == [5, 6, 7, 8]
     for step, loss in {**before, **after}.items():
         assert abs(loss - whole[step]) <= 1e-6 * abs(whole[step]), (step, loss, whole[step])
+
+
+def offload_branch_records(overrides: list[str]) -> tuple[list[bool], list[dict[str, Any]]]:
+    """Runs inside a rank: train; each FSDP parameter's ``offload_to_cpu`` (FSDP's offload branch: no foreach
+    all-gather copy under a param dtype, gradients accumulated on the host) and the records."""
+    import tempfile as tf
+
+    from torch.distributed.fsdp import FSDPModule
+
+    from meshforge.config.io import load_config
+    from meshforge.train.loop import run_steps, setup
+
+    state = setup(load_config(None, [*BASE, "--job.dump_folder", tf.mkdtemp(), *overrides]))
+    flags = [
+        p.offload_to_cpu
+        for m in state.model_parts[0].modules()
+        if isinstance(m, FSDPModule)
+        for p in m._get_fsdp_state()._fsdp_param_group.fsdp_params  # type: ignore[union-attr]
+    ]
+    return flags, list(run_steps(state))
+
+
+def test_cpu_offload_branch_is_taken_and_changes_no_bit() -> None:
+    """On a CPU nothing moves, but FSDP's offload branch is different code (bf16 params: no foreach copy into the
+    all-gather; gradient accumulation: the host-side add): on vs off must agree bitwise, with the branch on."""
+    args = ["--training.local_batch_size", "2", "--training.gradient_accumulation_steps", "2"]
+    args += ["--training.mixed_precision_param", "bfloat16", "--training.steps", "3"]
+    on_flags, on = run_ranks(offload_branch_records, 2, [*args, *OFFLOAD])[0]
+    off_flags, off = run_ranks(offload_branch_records, 2, args)[0]
+    assert on_flags and all(on_flags) and not any(off_flags)
+    assert [(r["loss"], r["grad_norm"]) for r in on] == [(r["loss"], r["grad_norm"]) for r in off]

@@ -8,7 +8,10 @@ the buffers (RoPE cache, MoE counters) on the device (``materialize``), and a CP
 collectives on host tensors (the gradient-norm reduction of clipping): ``cuda:nccl,cpu:gloo`` (parallel/
 distributed.py's ``process_group_backend``). Gradient accumulation works as is (FSDP then copies each gradient
 synchronously and accumulates on the host). On a CPU-only machine the same policy is applied through the same API,
-but the tensors were on the host already: no memory moves (the banner says so)."""
+but the tensors were on the host already: no memory moves (the banner says so); FSDP's offload branch still runs
+(no foreach copy into the all-gather under a param dtype, the host-side gradient add), which
+tests/distributed/test_cpu_offload.py checks bit for bit against the run without it. The pinned, non-blocking CUDA
+path runs on fake CUDA tensors in scripts/fake_cuda_check.py."""
 
 from __future__ import annotations
 
