@@ -110,3 +110,21 @@ def test_activation_offload_moves_saved_activations_to_the_host() -> None:
     assert got["host_activations_saved"] > 0 and "host_activations_saved" not in base
     assert sum(device.values()) < sum(base.values()), (got, base)
     assert got["host_activations_saved"] >= sum(base.values()) - sum(device.values()), (got, base)
+
+
+def test_once_per_step_accumulation_counts_the_unsharded_gradients() -> None:
+    """gradient_sync once per step (parallel/gradient_sync.py): the tracked step is a non-last micro-step, then the
+    last one on top of its unsharded fp32 gradients, so the peak grows by them: about the whole model in fp32 on
+    every rank (FSDP 4: 4 x the sharded fp32 parameters; torch's tracker files them as temporaries). regather = keep
+    adds nothing at the peak here (the kept parameters are resharded after the next forward, before the peak).
+    Fake bytes == real CPU bytes."""
+    ga = ["--activation_checkpoint.mode", "none", "--training.gradient_accumulation_steps", "4"]
+    args = dataclasses.replace(resolve_model_args(small(ga).model, 64), n_layers=2)
+    dims = ParallelDims.from_config(small(ga).parallelism, 4)
+    every = fake_cpu_peak(small([*ga, "--gradient_sync.mode", "every_microstep"]), 4, args, dims)
+    once = fake_cpu_peak(small(ga), 4, args, dims)
+    keep = fake_cpu_peak(small([*ga, "--gradient_sync.regather", "keep"]), 4, args, dims)
+    grown, unsharded = sum(once.values()) - sum(every.values()), 4 * every["parameters"]
+    assert abs(grown - unsharded) <= 0.05 * unsharded, (grown, unsharded, once, every)
+    assert sum(keep.values()) >= sum(once.values())
+    assert once == real_cpu_peak(small(ga), 4, args, dims)

@@ -6,11 +6,12 @@ Allowed values of a field are declared with ``Literal``; range checks live in ea
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from meshforge.config.data import Data
 from meshforge.config.fault_tolerance import FaultTolerance
+from meshforge.config.gradient_sync import GradientSync
 from meshforge.errors import ConfigError
 
 
@@ -415,6 +416,7 @@ class JobConfig:
     validation: Validation = field(default_factory=Validation)
     data: Data = field(default_factory=Data)
     fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
+    gradient_sync: GradientSync = field(default_factory=GradientSync)
 
     def validate(self) -> None:
         """Check every section alone; cross-section checks (degrees vs world size, heads vs TP) live with the mesh."""
@@ -422,20 +424,9 @@ class JobConfig:
 
         if not self.model.hf_config:
             get_flavor(self.model.flavor)
-        for section in (
-            self.training,
-            self.optimizer,
-            self.lr_scheduler,
-            self.parallelism,
-            self.activation_checkpoint,
-            self.checkpoint,
-            self.metrics,
-            self.comm,
-            self.validation,
-            self.data,
-            self.fault_tolerance,
-        ):
-            section.validate()
+        for section in (getattr(self, f.name) for f in fields(self)):  # every section that has its own checks
+            if hasattr(section, "validate"):
+                section.validate()
         if self.training.document_mask and self.parallelism.context_parallel_degree > 1:
             raise ConfigError(
                 "training.document_mask with parallelism.context_parallel_degree = "

@@ -41,6 +41,7 @@ from meshforge.model.loss import cross_entropy, loss_parallel_context
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import ParallelDims, sub_mesh
+from meshforge.parallel.gradient_sync import keep_gathered, once_per_step, set_micro_step
 from meshforge.parallel.parallelize import parallelize
 from meshforge.tools.dry_run import fake_world, meta_parallelism
 
@@ -233,8 +234,9 @@ def tracked_steps(
 
     offload = OffloadModel()
 
-    def forward_backward() -> None:
-        optimizer.zero_grad(set_to_none=True)
+    def forward_backward(zero: bool = True) -> None:
+        if zero:
+            optimizer.zero_grad(set_to_none=True)
         with loss_parallel_context(loss_parallel), offload.hooks(cfg.activation_checkpoint.offload):
             loss = model(inputs, positions, labels) if chunked else cross_entropy(model(inputs, positions), labels)
             loss.backward()
@@ -248,7 +250,7 @@ def tracked_steps(
     device_peak = track_device_peak(tracker, host)
     offload.peak = 0
     with tracker:
-        forward_backward()
+        accumulate_once_per_step(cfg, model, forward_backward, getattr(tracker, "reset_mod_stats", lambda: None))
         after = tracker.get_tracker_snapshot()  # the host side once every gradient shard arrived
     snapshot = tracker.get_tracker_snapshot("peak")
     assert len(snapshot) == 1, f"one device expected, tracker saw {list(snapshot)}"
@@ -284,6 +286,25 @@ class OffloadModel:
         if not enabled:
             return contextlib.nullcontext()
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+def accumulate_once_per_step(
+    cfg: JobConfig, model: nn.Module, forward_backward: Callable[..., None], between: Callable[[], None]
+) -> None:
+    """The tracked step's forward and backward. Under gradient_sync once per step (parallel/gradient_sync.py) a
+    non-last micro-step first, then the last one on top of its unsharded gradients (and, with regather = keep, its
+    gathered parameters): the peak then counts what skipping the exchange keeps resident (torch's tracker files the
+    accumulated unsharded gradients as temporaries: about the whole model in fp32 per rank). ``between``: the tracker's
+    per-module reset (FSDPMemTracker follows one forward per module; its peak is kept)."""
+    if not once_per_step(cfg.gradient_sync, cfg.training.gradient_accumulation_steps, pipeline=False):
+        forward_backward()
+        return
+    keep = keep_gathered(cfg.gradient_sync)
+    set_micro_step([model], last=False, keep=keep)
+    forward_backward()
+    between()
+    set_micro_step([model], last=True, keep=keep)
+    forward_backward(zero=False)
 
 
 def probe_layers(n_layers: int) -> tuple[int, ...]:

@@ -45,6 +45,7 @@ from meshforge.parallel.cpu_offload import banner, check_cpu_offload, materializ
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales, resolve_emulation
+from meshforge.parallel.gradient_sync import keep_gathered, once_per_step, set_micro_step
 from meshforge.parallel.parallelize import parallelize
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
 from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, saved_global_batch
@@ -276,7 +277,10 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     if state.ft is not None:  # the quorum; a (re)joining group receives a live peer's state here
         state.ft.start_step()
     state.straggler.times.begin()  # the step's time parts (observability/straggler.py)
-    for _ in range(accum):
+    sync_once = once_per_step(state.cfg.gradient_sync, accum, pipeline=state.pipeline is not None)
+    for micro in range(accum):
+        if sync_once:  # one gradient exchange per step: the last micro-step's (parallel/gradient_sync.py)
+            set_micro_step(state.model_parts, last=micro == accum - 1, keep=keep_gathered(state.cfg.gradient_sync))
         start = time.perf_counter()
         inputs, labels = state.loader.next_batch()  # host tensors: the time counted as data loading ends here
         waited = time.perf_counter() - start
