@@ -137,3 +137,18 @@ def test_record_pools_the_steady_steps_of_every_repetition() -> None:
     partial = make_record(matrix, matrix.runs[0], [rep(0), rep(1, "failed"), rep(2)])
     assert partial["status"] == "ok" and partial["error"].startswith("1 of 3 repetitions did not finish")
     assert partial["measured_steps"] == 6
+
+
+def test_optimal_steps_trade_a_start_for_steps() -> None:
+    """Two-stage sampling: an expensive start with noisy steps wants many steps per start; a cheap start with noisy
+    processes wants few; the estimate of the two variances recovers the simulated ones."""
+    assert stats.optimal_steps(start_s=8.0, step_s=0.5, within_var=0.03**2, between_var=0.02**2) == 8  # sqrt(56.5)
+    assert stats.optimal_steps(start_s=1.0, step_s=0.5, within_var=0.02**2, between_var=0.04**2) == 1
+    assert stats.optimal_steps(start_s=2.0, step_s=0.5, within_var=0.02**2, between_var=0.0, cap=12) == 12
+    rng = np.random.default_rng(5)
+    runs = [[list(100 * np.exp(o + 0.06 * rng.standard_normal(6))) for o in rng.normal(0, 0.03, 100)] for _ in range(5)]
+    parts = [stats.variance_parts(r, 6) for r in runs]
+    within = np.mean([p[0] for p in parts if p]) ** 0.5
+    between = np.mean([p[1] for p in parts if p]) ** 0.5  # the steps' share of the medians' spread taken out
+    assert within == pytest.approx(0.06, rel=0.1) and between == pytest.approx(0.03, rel=0.2), (within, between)
+    assert stats.variance_parts([[100.0, 101.0]], 2) is None

@@ -125,7 +125,28 @@ def statistics_table(results: dict[str, Any]) -> list[str]:
             f"| `{r['name']}` | {len(r.get('repetitions', []))} | {r['measured_steps']} | "
             f"{r['tps_per_device']:,.1f} | {ci_cell(r)} | {100 * half:.1f} | {per_rep} | {outs} |"
         )
-    return lines
+    return lines + steps_advice(results)
+
+
+def steps_advice(results: dict[str, Any]) -> list[str]:
+    """Is another measured step cheaper than another start? The ranked runs' pooled noise and costs, and the
+    cost-optimal number of measured steps per start-up (stats.optimal_steps) beside the matrix's."""
+    pool = [r for r in ranked_pool(results) if len(r.get("tps_steps") or []) >= 2 and r.get("step_time_s")]
+    steps = int(results["bench"].get("measured_steps") or 1)
+    parts = [p for p in (stats.variance_parts(r["tps_steps"], steps) for r in pool) if p is not None]
+    starts = [r["wall_s"] - steps * r["step_time_s"] for r in pool if r.get("wall_s")]
+    if not parts or not starts:
+        return []
+    within = sum(p[0] for p in parts) / len(parts)
+    between = sum(p[1] for p in parts) / len(parts)
+    start, step = sorted(starts)[len(starts) // 2], sorted(r["step_time_s"] for r in pool)[len(pool) // 2]
+    best = stats.optimal_steps(start, step, within, between)
+    return [
+        f"\nSteps per start-up: on this sweep's ranked runs a repetition costs {start:.1f} s before its measured "
+        f"steps (start-up, warm-up) and {step:.2f} s per step; a step varies by {within**0.5:.1%} within its "
+        f"process, a process by {between**0.5:.1%}. The narrowest interval per second measures **{best}** steps "
+        f"per start-up (this matrix: {steps}; `measured_steps` in the matrix file).",
+    ]
 
 
 def noise_lines(results: dict[str, Any]) -> list[str]:

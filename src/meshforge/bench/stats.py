@@ -172,3 +172,31 @@ def separable_pairs(runs: dict[str, Samples], confidence: float = CONFIDENCE, se
             if ratio.excludes(1.0):
                 out[f"{a}|{b}"] = a if ratio.median > 1 else b
     return out
+
+
+MEDIAN_EFFICIENCY = float(np.pi / 2)
+"""Variance of the median of k normal values ~ (pi / 2) sigma^2 / k."""
+
+
+def optimal_steps(start_s: float, step_s: float, within_var: float, between_var: float, cap: int = 16) -> int:
+    """Measured steps per start-up that give the narrowest interval per second of sweep (two-stage sampling): a
+    repetition costs ``start_s`` (start-up and warm-up) + k ``step_s`` and its median varies by ``between_var`` (the
+    process) + (pi/2) ``within_var`` / k (its steps), so k* = sqrt((pi/2) within_var start_s / (between_var step_s)).
+    Where the steps of one process are the noise (between_var ~ 0), ``cap``."""
+    if step_s <= 0 or within_var <= 0:
+        return 1
+    if between_var <= 0:
+        return cap
+    k = np.sqrt(MEDIAN_EFFICIENCY * within_var * max(start_s, 0.0) / (between_var * step_s))
+    return int(min(cap, max(1, round(float(k)))))
+
+
+def variance_parts(samples: Samples, steps: int) -> tuple[float, float] | None:
+    """(within, between) variance of log tokens/s: the steps' around their repetition, and the repetitions' own
+    (their medians' variance less what the steps explain); None with fewer than two repetitions of two steps."""
+    groups = [np.log(g) for g in _clean(samples) if len(g) >= 2]
+    if len(groups) < 2:
+        return None
+    within = float(np.mean([g.var(ddof=1) for g in groups]))
+    medians = np.array([np.median(g) for g in groups])
+    return within, max(0.0, float(medians.var(ddof=1)) - MEDIAN_EFFICIENCY * within / max(1, steps))
