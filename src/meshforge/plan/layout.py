@@ -15,7 +15,7 @@ from meshforge.config.io import ConfigError
 from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.model.hf_config import model_label, resolve_model_args
-from meshforge.parallel.expert_rules import check_ep_compile, check_ep_degrees, check_ep_shape
+from meshforge.parallel.degrees import Degrees, check_ep_compile, check_ep_degrees, check_ep_shape, resolve_dp_shard
 from meshforge.parallel.pipeline import catalog, split
 from meshforge.parallel.pipeline.catalog import MULTI_STAGE, SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 
@@ -78,23 +78,28 @@ class Layout:
     model: ModelArgs | None = None
     """The shapes when they are not the named flavor's (hf_config or [model] overrides); ``flavor`` is then a label."""
 
+    @functools.cached_property
+    def degrees(self) -> Degrees:
+        """The parallel degrees; parallel/degrees.py derives the sizes below, as for training's ParallelDims."""
+        return Degrees(self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp, self.ep)
+
     @property
     def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
+        return self.degrees.world_size
 
     @property
     def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
+        return self.degrees.dp
 
     @property
     def fsdp_size(self) -> int:
         """Ranks one parameter is sharded over (FSDP shards over dp_shard x cp)."""
-        return self.dp_shard * self.cp
+        return self.degrees.fsdp_size
 
     @property
     def efsdp(self) -> int:
         """Ranks each expert-parallel rank's experts are FSDP-sharded over: dp_shard x cp / ep."""
-        return self.fsdp_size // self.ep
+        return self.degrees.efsdp
 
     @property
     def num_stages(self) -> int:
@@ -163,16 +168,7 @@ def layout_from_config(
     par = cfg.parallelism
     if world_size < 1:
         raise ConfigError(f"--world-size {world_size} must be >= 1")
-    others = par.data_parallel_replicate_degree * par.context_parallel_degree
-    others *= par.tensor_parallel_degree * par.pipeline_parallel_degree
-    shard = par.data_parallel_shard_degree
-    if shard == -1:
-        if world_size % others:
-            raise ConfigError(
-                f"--world-size {world_size} is not divisible by dp_replicate x cp x tp x pp = {others}; "
-                "change the degrees or the world size"
-            )
-        shard = world_size // others
+    shard = resolve_dp_shard(par, world_size, world="--world-size", fix="the world size")  # as training resolves it
     schedule = normalize_schedule(par.pipeline_parallel_schedule, par.pipeline_parallel_schedule_csv)
     model_args = resolve_model_args(cfg.model, cfg.training.seq_len)
     layout = Layout(

@@ -46,7 +46,7 @@ PREDICTION_SOURCES = (
     "parallel/pipeline/simulator.py",
     "parallel/pipeline/catalog.py",
     "parallel/pipeline/split.py",
-    "parallel/expert_rules.py",
+    "parallel/degrees.py",
     "parallel/composability.py",
     "parallel/composability_measured.py",
     "model/flavors.py",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs
-from meshforge.parallel.expert_rules import check_ep_degrees, check_ep_shape
+from meshforge.parallel.degrees import check_ep_degrees, check_ep_shape
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
 from meshforge.plan.physics.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
@@ -84,7 +84,7 @@ def structures(args: ModelArgs, base: Layout, world: int, devices_per_node: int)
 
 def ep_options(args: ModelArgs, rep: int, shard: int, cp: int) -> list[int]:
     """Expert-parallel degrees to try: 1 for dense flavors, else the divisors of the expert count that pass training's
-    checks (parallel/expert_rules.py) for this dp_replicate x dp_shard x cp."""
+    checks (parallel/degrees.py) for this dp_replicate x dp_shard x cp."""
     out = []
     for ep in divisors(args.n_routed_experts) if args.is_moe else [1]:
         try:
