@@ -25,7 +25,23 @@ TIME_LABELS = {
     "exposed_ep_comm": "MoE token all-to-all (never overlapped)",
     "pipeline_bubble": "pipeline bubble",
     "optimizer": "optimizer step",
+    "chunked_loss_recompute": "chunked loss: the head's forward again in backward",
+    "activation_offload_copies": "activation offload: exposed host copies",
+    "cpu_offload_copies": "CPU offload: exposed parameter / gradient copies",
 }
+"""Every term of `Estimate.time` (physics/estimate.py, physics/levers.py): a term without a label fails
+tests/unit/test_plan_report_terms.py."""
+MEMORY_LABELS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "activations": "activations",
+    "communication_buffers": "communication buffers",
+    "allocator_slack": "allocator slack",
+    "framework_overhead": "framework overhead",
+    "host_offloaded": "on the host (not in peak)",
+}
+"""Every term of the memory breakdown (physics/peak.py's ``as_dict``), as the text report names it."""
 SHORT = {
     "compute": "compute",
     "exposed_fsdp_comm": "FSDP comm",
@@ -52,7 +68,7 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
         f"peak memory per device (GiB), pipeline rank {est.memory.rank}:",
     ]
     for key, value in est.memory.as_dict().items():
-        lines.append(f"  {key.replace('_', ' '):<28} {value:8.2f}")
+        lines.append(f"  {MEMORY_LABELS[key]:<28} {value:8.2f}")
     usable = est.capacity_gib - est.runtime_gib
     verdict = "fits" if est.fits else "DOES NOT FIT"
     if iv is not None:
@@ -61,8 +77,8 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
     lines += moe_lines(est)
     lines += ["", f"step time (s), {est.layout.tokens_per_device_step:,.0f} tokens per device per step:"]
     for key, value in est.time.items():
-        lines.append(f"  {TIME_LABELS[key]:<44} {value:9.4f}  {value / est.step_time:6.1%}")
-    lines.append(f"  {'total':<44} {est.step_time:9.4f}")
+        lines.append(f"  {TIME_LABELS[key]:<50} {value:9.4f}  {value / est.step_time:6.1%}")
+    lines.append(f"  {'total':<50} {est.step_time:9.4f}")
     lines += ["", f"tokens/s per device: {est.tps_per_device:,.1f}    MFU: {est.mfu_pct:.1f} %"]
     if iv is not None:
         lines.append(
