@@ -51,13 +51,14 @@ def test_time_budget_binds_only_past_the_minimum() -> None:
 
 def test_next_round_is_the_widest_first_once_past_the_minimum() -> None:
     matrix = default_matrix()
-    runs = [matrix.run(n) for n in ("fsdp", "tp", "pp_1f1b", "3d")]
+    runs = [matrix.run(n) for n in ("fsdp_r1", "fsdp", "tp", "pp_1f1b", "3d")]
     reps = {r.name: [ok()] for r in runs}
-    assert [r.name for r in schedule.next_round(matrix, runs, reps, {})] == ["fsdp", "tp", "pp_1f1b"]
+    assert [r.name for r in schedule.next_round(matrix, runs, reps, {})] == ["fsdp_r1", "fsdp", "tp", "pp_1f1b"]
     reps = {r.name: [ok()] * 3 for r in runs}
-    records = {"fsdp": {"tps_per_device_ci_half_width": 0.06}, "tp": {"tps_per_device_ci_half_width": 0.02},
-               "pp_1f1b": {"tps_per_device_ci_half_width": 0.09}}  # fmt: skip
-    assert [r.name for r in schedule.next_round(matrix, runs, reps, records)] == ["pp_1f1b", "fsdp"]
+    widths = {"fsdp": 0.06, "tp": 0.02, "pp_1f1b": 0.09, "fsdp_r1": 0.2}
+    records = {name: {"tps_per_device_ci_half_width": w} for name, w in widths.items()}
+    order = [r.name for r in schedule.next_round(matrix, runs, reps, records)]
+    assert order == ["pp_1f1b", "fsdp", "fsdp_r1"]  # ranked strategies first (fsdp_r1 is the scaling series)
 
 
 def simulate(matrix: BenchMatrix, between: float, rng: np.random.Generator, within: float = 0.02) -> stats.Interval:

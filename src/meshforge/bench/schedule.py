@@ -2,12 +2,13 @@
 
 Every run gets ``repeat`` repetitions (the minimum: 3 by default; a run with more ranks than cores gets
 ``oversubscribed_repeat``), interleaved across runs. Past the minimum, a run is repeated again, one repetition per
-round and the widest interval first, while its interval is wider than +-``target_half_width`` (5 %), it has fewer
-than ``max_repeat`` repetitions and the sweep's time so far plus that run's repetition (the median of its earlier
-ones) fits in ``time_budget_s``. A run that already knows its figure stops; a noisy one gets the time.
+round (strategies before other groups, each widest interval first), while its interval is wider than
++-``target_half_width`` (5 %), it has fewer than ``max_repeat`` repetitions and the sweep's time so far plus that
+run's repetition (the median of its earlier ones) fits in ``time_budget_s``. A run that already knows its figure
+stops; a noisy one gets the time.
 
 Stopping when an interval is narrow enough selects samples whose spread happened to look small, so the stopped
-interval covers somewhat less often than a fixed-size one. tests/unit/test_bench_stats.py simulates the rule as
+interval covers somewhat less often than a fixed-size one. tests/unit/test_bench_schedule.py simulates the rule as
 configured here (minimum 3, target +-5 %, up to 10 repetitions, between-repetition noise 1-8 %, 2000 sweeps each)
 and requires coverage >= 95 % - 5 points (``COVERAGE_MARGIN``); docs/bench.md gives the measured figures.
 """
@@ -60,7 +61,8 @@ def next_round(
     reps: dict[str, list[dict[str, Any]]],
     records: dict[str, dict[str, Any]],
 ) -> list[BenchRun]:
-    """The runs of the next round, in matrix order while any is within its minimum, else widest interval first."""
+    """The runs of the next round, in matrix order while any is within its minimum, else the ranked strategies
+    first (group "strategy"), each group widest interval first."""
     wanted = [run for run in runs if wants_another(matrix, run, reps[run.name], records.get(run.name))]
     if any(len(reps[run.name]) < minimum_repeat(matrix, run) for run in wanted):
         return wanted
@@ -68,7 +70,7 @@ def next_round(
     def width(run: BenchRun) -> float:
         return float(records.get(run.name, {}).get("tps_per_device_ci_half_width") or 0.0)
 
-    return sorted(wanted, key=lambda run: -width(run))
+    return sorted(wanted, key=lambda run: (run.group != "strategy", -width(run)))
 
 
 def rule(matrix: BenchMatrix) -> dict[str, Any]:
