@@ -111,6 +111,11 @@ def test_agreement_of_two_sweeps(sweeps: tuple[str, str]) -> None:
     flipped = {"a": record("a", 90, 0.01, 24), "b": b}
     assert compare.order_flips({"a": a_fast, "b": b}, flipped, 0.95) == ["a|b"]
     assert "DO NOT agree" in compare.agreement({"a": a_fast, "b": b}, flipped, 0.99, 0.95)[0]  # order alone fails
+    # a run with more ranks than cores: its speed is the scheduler's; named apart, not in the verdict
+    crowded = {"c": record("c", 100, 0.01, 25) | {"oversubscribed": True}}
+    moved = {"c": record("c", 70, 0.01, 26) | {"oversubscribed": True}}
+    verdict, aside = compare.agreement({**same, **crowded}, {**{n: new[n] for n in same}, **moved}, 0.10, 0.95)
+    assert "sweeps agree" in verdict and "2 of 2 runs" in verdict and ": c -29.7%" in aside  # seeded records
 
 
 def test_a_machine_that_slowed_down_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

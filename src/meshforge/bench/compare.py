@@ -158,17 +158,27 @@ def order_flips(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], 
 
 def agreement(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], within: float, level: float) -> list[str]:
     """Do two sweeps of the same matrix agree? Every common run's median within ``within`` of the other's, and the
-    same order for every pair that either sweep calls separable."""
+    same order for every pair that either sweep calls separable. Runs with more ranks than cores (``oversubscribed``:
+    their speed is the scheduler's, bench/ranks.py) are listed apart and left out of the verdict."""
+    crowded = sorted(n for n in new if n in old and (new[n].get("oversubscribed") or old[n].get("oversubscribed")))
+    moved = [f"{n} {new[n]['tps_per_device'] / old[n]['tps_per_device'] - 1:+.1%}" for n in crowded]
+    old = {n: r for n, r in old.items() if n not in crowded}
     common = [n for n in new if n in old]
-    far = [n for n in common if abs(new[n]["tps_per_device"] / old[n]["tps_per_device"] - 1) > within]
+    change = {n: new[n]["tps_per_device"] / old[n]["tps_per_device"] - 1 for n in common}
+    far = [n for n in common if abs(change[n]) > within]
     flips = order_flips(old, new, level)
     verdict = "agree" if not far and not flips else "DO NOT agree"
     flipped = f" ({', '.join(p.replace('|', ' vs ') for p in flips)})" if flips else ""
-    return [
+    widest = max(common, key=lambda n: abs(change[n]), default=None)
+    most = f"; largest change {widest} {change[widest]:+.1%}" if widest else ""
+    lines = [
         f"Agreement: the sweeps {verdict} (medians within {within:.0%}: {len(common) - len(far)} of {len(common)} "
-        f"runs{'; beyond: ' + ', '.join(far) if far else ''}; pairs separable in either sweep and ordered "
+        f"runs{'; beyond: ' + ', '.join(far) if far else ''}{most}; pairs separable in either sweep and ordered "
         f"differently by the other: {len(flips)}{flipped})"
     ]
+    if crowded:
+        lines.append(f"Not in the verdict (more ranks than cores, not ranked on speed): {', '.join(moved)}")
+    return lines
 
 
 def machine_speed(path: str) -> float | None:
