@@ -234,6 +234,13 @@ def launcher_info(warm: WarmLauncher | None) -> dict[str, Any]:
     return {"kind": "warm", "import_s": warm.ready.get("import_s"), "usable_to_the_end": warm.usable}
 
 
+def rule_text(matrix: BenchMatrix) -> str:
+    """', up to 8 until +-5%': the sequential rule, '' when every run has a fixed count."""
+    if matrix.max_repeat <= matrix.repeat:
+        return ""
+    return f", up to {matrix.max_repeat} until +-{matrix.target_half_width:.0%}"
+
+
 def print_matrix(matrix: BenchMatrix, out: Path, launch: Launch, compare_with: str) -> None:
     """--list: the runs, their layouts and batches, and the exact commands, without running anything."""
     from meshforge.bench.reference import figure
@@ -242,7 +249,8 @@ def print_matrix(matrix: BenchMatrix, out: Path, launch: Launch, compare_with: s
     print(
         f"model {matrix.flavor}, {matrix.dtype}, seq {matrix.seq_len}, global batch {matrix.global_batch_size}, "
         f"{matrix.warmup_steps} warm-up + {matrix.measured_steps} measured steps, {matrix.repeat} repetitions "
-        f"(interleaved), baseline {matrix.baseline or '-'}"
+        f"(interleaved{rule_text(matrix)}), baseline {matrix.baseline or '-'}; ranked at {matrix.ranked_ranks} ranks"
+        + (f" ({matrix.cores} cores: runs on more ranks are oversubscribed)" if matrix.cores else "")
     )
     header = f"{'run':<24} {'ranks':>5}  {'layout':<42} {'seq':>6} {'batch':>9}  {'timeout':>7}"
     if compare_with == "reference":
@@ -259,7 +267,7 @@ def print_matrix(matrix: BenchMatrix, out: Path, launch: Launch, compare_with: s
             line += (
                 f"  {fig.tps_per_gpu:>15,.0f} {fig.memory_gib:>5.1f}  {fig.table.split(':')[0]}: {fig.configuration}"
             )
-        print(line)
+        print(line + ("  (oversubscribed: not ranked)" if matrix.oversubscribed(run) else ""))
     for name, runs in matrix.scaling.items():
         print(f"scaling series {name}: {', '.join(runs)}")
     print("\ncommands (batch = local batch x gradient accumulation):")
