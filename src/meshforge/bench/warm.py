@@ -38,6 +38,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from meshforge.errors import ConfigError
+from meshforge.train.cli import main
+
 WARM_IMPORTS = ("torch", "torch.distributed", "torch._dynamo", "meshforge.train.cli", "meshforge.train.loop")
 GRACE_S = 10.0
 READY_TIMEOUT_S = 180.0
@@ -45,9 +48,6 @@ READY_TIMEOUT_S = 180.0
 
 def train_entry(argv: list[str]) -> int:
     """`python -m meshforge train ARGV` in this process: the one-line config error included (meshforge/cli.py)."""
-    from meshforge.config.io import ConfigError
-    from meshforge.train.cli import main
-
     try:
         return int(main(argv))
     except ConfigError as exc:

@@ -13,6 +13,7 @@ from meshforge.config.data import Data
 from meshforge.config.fault_tolerance import FaultTolerance
 from meshforge.config.gradient_sync import GradientSync
 from meshforge.errors import ConfigError
+from meshforge.model.flavors import get_flavor
 
 
 @dataclass
@@ -420,8 +421,6 @@ class JobConfig:
 
     def validate(self) -> None:
         """Check every section alone; cross-section checks (degrees vs world size, heads vs TP) live with the mesh."""
-        from meshforge.model.flavors import get_flavor
-
         if not self.model.hf_config:
             get_flavor(self.model.flavor)
         for section in (getattr(self, f.name) for f in fields(self)):  # every section that has its own checks
