@@ -60,7 +60,8 @@ def precision_bullet(results: dict[str, Any], pool: list[Record]) -> str:
     verdict = (
         f"every ranked interval is within +-{target:.0%}"
         if not over
-        else f"{len(over)} wider than +-{target:.0%} when the time budget ended: {', '.join(f'`{n}`' for n in over)}"
+        else f"{len(over)} still wider than +-{target:.0%} when the time budget or the repetition limit ended them: "
+        f"{', '.join(f'`{n}`' for n in over)}"
     )
     return (
         f"- **Precision**: {verdict} (widest `{widest}` +-{widths[widest]:.1%}); {min(reps)}-{max(reps)} repetitions "
