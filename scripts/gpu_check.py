@@ -357,9 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     checks = [c for c in plan(Path(args.work)) if args.only is None or c.name in args.only]
     if args.dry_run:
         outcomes = dry_run(checks)
+        kept, dropped = fit({c.name: c.timeout_s for c in checks}, args.budget_s)
         if args.out:
-            write_report(Path(args.out), {**env_info(), "mode": "dry run"}, outcomes, {})
+            write_report(Path(args.out), {**env_info(), "mode": "dry run"}, outcomes, {"dropped": dropped})
         print("\n".join(f"{o.name}: {o.status} {o.tail or o.details.get('why', '')}" for o in outcomes))
+        boxes = sum(c.timeout_s for c in checks if c.name in kept)
+        print(f"a real run keeps {len(kept)} checks ({boxes} s of {args.budget_s:.0f}); dropped: {dropped or 'none'}")
         return 0 if all(o.status in ("planned", "skipped") for o in outcomes) else 1
     return run_all(checks, Path(args.out or REPO / "docs" / "benchmarks" / "gpu"), args.budget_s, progress=print)
 
