@@ -1,7 +1,9 @@
 """The torchft proof (train/fault_tolerance.py): 2 replica groups x 2 ranks (FSDP 2 inside each), 60 steps. Every rank
 of group 1 is SIGKILLed at step 20; group 0 keeps stepping (no step lost or repeated, finite losses, the quorum
 shrinks to 1); group 1 is relaunched from scratch, receives weights, optimizer state, data position and step from
-group 0 (no checkpoint exists), and from then on both groups hold bit-identical parameters at every step.
+group 0 (no checkpoint exists), and from then on both groups hold bit-identical parameters at every step, as they did
+at every step before the kill. Every attempted step is counted (ft_attempts logs): a group retries only where it
+must (the first step, the steps in flight at the kill, the rejoining group's first steps).
 Measured figures go to $MESHFORGE_FT_FIGURES (a JSON file) when set: docs/fault-tolerance.md quotes them."""
 
 from __future__ import annotations
@@ -61,9 +63,40 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
-def steps(dump: Path, rank: int = 0) -> list[dict[str, Any]]:
-    log = dump / f"ft_steps.rank{rank}.jsonl"
-    return [json.loads(line) for line in log.read_text().splitlines() if line] if log.is_file() else []
+def steps(dump: Path, rank: int = 0, log: str = "ft_steps") -> list[dict[str, Any]]:
+    path = dump / f"{log}.rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
+
+
+def retried(dump: Path, rank: int = 0) -> list[int]:
+    """The steps of every attempt that did not commit (ft_attempts log: one row per attempt, retried ones too)."""
+    return [r["step"] for r in steps(dump, rank, "ft_attempts") if not r["committed"]]
+
+
+def check_attempts(g0: Path, g1: Path, g1b: Path, killed: float) -> dict[str, Any]:
+    """Every attempted step is counted: a group retries only where it must (the first step, while the other group
+    starts; the steps in flight when group 1 dies; the relaunched group's first steps, while it joins), and each step
+    commits exactly once per group."""
+    at_kill = max(r["step"] for r in steps(g0) if r["t"] <= killed)
+    for dump, allowed in ((g0, {1, at_kill + 1, at_kill + 2}), (g1, {1}), (g1b, None)):
+        for rank in (0, 1):
+            attempts = steps(dump, rank, "ft_attempts")
+            committed = [r["step"] for r in attempts if r["committed"]]
+            assert len(committed) == len(set(committed)), (dump.name, rank, committed)  # each step commits once
+            first = committed[0] if committed else 0
+            ok = allowed if allowed is not None else set(range(first - 3, first + 1))  # joining: before it commits
+            assert set(retried(dump, rank)) <= ok, f"{dump.name} rank {rank} retried steps {retried(dump, rank)}"
+    return {"attempts_group0": len(steps(g0, 0, "ft_attempts")), "retried_group0": retried(g0)}
+
+
+def check_before_kill(g0: Path, g1: Path, killed: float) -> None:
+    """Both groups hold bit-identical parameters at every step before the kill (ft_steps digests, log_freq 1)."""
+    for rank in (0, 1):
+        theirs = {r["step"]: r["params_before"] for r in steps(g0, rank) if r["t"] <= killed}
+        mine = {r["step"]: r["params_before"] for r in steps(g1, rank) if r["step"] in theirs}
+        assert len(mine) >= KILL_AT - 1, (rank, sorted(mine))
+        differ = [s for s in sorted(mine) if mine[s] != theirs[s]]
+        assert not differ, f"rank {rank}: the groups' parameters differ before the kill at steps {differ}"
 
 
 def wait_for_step(dump: Path, step: int, proc: subprocess.Popen[bytes], timeout: float = 240) -> None:
@@ -120,9 +153,11 @@ def check(g0: Path, g1: Path, g1b: Path, killed: float, relaunched: float) -> di
     for group in (survivor, steps(g1) + rejoined):  # within a group no sample twice
         seen = [s for r in group for s in r["samples"]]
         assert len(seen) == len(set(seen))
+    check_before_kill(g0, g1, killed)
+    attempts = check_attempts(g0, g1, g1b, killed)
     before_kill = [r for r in survivor if r["t"] <= killed]
     next_step = after_kill[0]
-    return {
+    return attempts | {
         "survivor_steps_lost": STEPS - len(survivor),
         "kill_to_survivor_next_step_s": round(next_step["t"] - killed, 2),
         "survivor_step_at_kill": before_kill[-1]["step"] if before_kill else 0,

@@ -221,6 +221,11 @@ def print_record(r: dict[str, Any]) -> None:
     print(line, file=sys.stdout, flush=True)
 
 
+def log_step(step: int, log_freq: int, total: int) -> bool:
+    """Whether optimizer step ``step`` logs (and so may read the device): the first, every ``log_freq``-th, the last."""
+    return step == 1 or step % log_freq == 0 or step == total
+
+
 def logging_ranks(spec: str, world_size: int) -> set[int]:
     """Parse job.log_rank: '0', '0,3', '0-3' or 'all'."""
     if spec == "all":

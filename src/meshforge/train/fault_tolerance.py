@@ -1,6 +1,7 @@
 """Fault-tolerant data-parallel replicas on torchft: each replica group (FSDP / TP inside it) is one replica of the
 replicate dimension of HSDP; torchft's Manager forms a quorum of the live groups through the Lighthouse every step,
-all-reduces the gradient shards across them (gloo on CPU) and live-recovers a (re)joining group from a healthy peer.
+all-reduces the gradient shards across them (NCCL on CUDA, gloo on CPU: ``replica_process_group``) and
+live-recovers a (re)joining group from a healthy peer.
 
 Per step (train/loop.py calls these): ``start_step`` (the quorum; a recovering group receives the peer's model
 shards, optimizer state, lr-scheduler position, data-loader position and step here, before it reads a batch),
@@ -33,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from meshforge.config.fault_tolerance import check_lighthouse_url
 from meshforge.config.schema import JobConfig
 from meshforge.errors import ConfigError
+from meshforge.observability.metrics import log_step
 
 if TYPE_CHECKING:
     from meshforge.train.loop import TrainState
@@ -144,6 +146,34 @@ def expert_biases(state: TrainState) -> list[torch.Tensor]:
     return [m.expert_bias for part in state.model_parts for m in moe_layers(part) if m.expert_bias is not None]
 
 
+def gradient_device(cfg: JobConfig, device: torch.device) -> torch.device:
+    """Where the gradient shards the replicas all-reduce live: the host under FSDP CPU offload, else the device."""
+    return torch.device("cpu") if cfg.training.enable_cpu_offload else device
+
+
+def replica_process_group(device: torch.device, timeout: datetime.timedelta) -> Any:
+    """torchft's cross-group process group for tensors on ``device``, chosen here only: NCCL on CUDA (the gradient
+    all-reduce runs on the replicate link from device memory, with ncclCommAbort on a lost peer), XCCL on XPU, gloo
+    on the host (a CPU run, or gradients on the host under CPU offload)."""
+    from torchft import process_group
+
+    if device.type == "cuda":
+        return process_group.ProcessGroupNCCL(timeout=timeout)
+    if device.type == "xpu":
+        return process_group.ProcessGroupXCCL(timeout=timeout)
+    return process_group.ProcessGroupGloo(timeout=timeout)
+
+
+def params_digest(state: TrainState) -> str:
+    """SHA-256 (16 hex digits) of this rank's parameter shards and MoE expert biases: what must match across groups.
+    A host copy of every shard: log steps only."""
+    digest = hashlib.sha256()
+    tensors = [local(p.detach()) for part in state.model_parts for p in part.parameters()] + expert_biases(state)
+    for t in tensors:
+        digest.update(t.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 @dataclass
 class FaultTolerance:
     """torchft around one group's training state; built by ``build`` after the model and optimizer exist."""
@@ -162,18 +192,17 @@ class FaultTolerance:
     retried_step: int = 0  # the step whose retry was last announced (one line per step, not per retry)
     quorum_s: float = 0.0  # this step's quorum (start_quorum) and commit vote, in the ft_steps log (plan's default)
     biases: list[torch.Tensor] = field(default_factory=list)  # MoE expert biases at the step's start (a retry's)
+    attempts: Path | None = None  # ft_attempts log: one row per attempted step, committed or retried
 
     def start(self) -> None:
         torchft = import_torchft()
-        from torchft.process_group import ProcessGroupGloo
-
         cfg, ctx = self.cfg, self.state.ctx
         check_lighthouse(cfg.fault_tolerance.lighthouse, cfg.comm.init_timeout_seconds)
         self.name = replica_name(cfg, ctx.world_size)
         store = {} if dist.is_initialized() else self._own_store()
         timeout = datetime.timedelta(seconds=cfg.comm.train_timeout_seconds)
         self.manager = torchft.Manager(
-            pg=ProcessGroupGloo(timeout=timeout),
+            pg=replica_process_group(gradient_device(cfg, ctx.device), timeout),
             load_state_dict=self.load_state_dict,
             state_dict=self.state_dict,
             min_replica_size=cfg.fault_tolerance.min_replica_size,
@@ -194,6 +223,8 @@ class FaultTolerance:
         self.log = Path(cfg.job.dump_folder) / f"ft_steps.rank{ctx.rank}.jsonl"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.log.write_text("")
+        self.attempts = self.log.with_name(f"ft_attempts.rank{ctx.rank}.jsonl")  # every attempt, retried ones too
+        self.attempts.write_text("")
 
     def _own_store(self) -> dict[str, Any]:
         """A one-rank group has no process group: the Manager still needs a store."""
@@ -291,7 +322,9 @@ class FaultTolerance:
         """True: step the optimizer. False: the step failed somewhere (a replica died): rewind and retry."""
         waiting = self.manager._min_replica_size > self.cfg.fault_tolerance.min_replica_size
         began = time.perf_counter()
-        if self.manager.should_commit():
+        committed = self.manager.should_commit()
+        self._attempt(committed)
+        if committed:
             self.manager._min_replica_size = self.cfg.fault_tolerance.min_replica_size
             self.committed = time.perf_counter()
             self._record(self.committed - began)
@@ -351,22 +384,30 @@ class FaultTolerance:
         )
         raise SystemExit(NO_QUORUM_EXIT)
 
+    def _attempt(self, committed: bool) -> None:
+        """One row per attempted step (ft_attempts log), committed or to be retried: the lost work is counted."""
+        if self.attempts is None:  # a wrapper that was not started (no log folder)
+            return
+        row = {"step": self.state.step, "t": time.time(), "committed": committed}
+        with self.attempts.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
     def _record(self, commit_s: float) -> None:
+        """The committed step's row (ft_steps log), with the integrity digest of the parameters on log steps only:
+        it copies every local parameter shard to the host and SHA-256s it (8B on FSDP 8: ~4 GB per rank, seconds),
+        which a step that does not log must not pay (docs/benchmarks/step-at-scale.md)."""
         assert self.log is not None
         s = self.state
-        digest = hashlib.sha256()
-        tensors = [local(p.detach()) for part in s.model_parts for p in part.parameters()] + expert_biases(s)
-        for t in tensors:  # parameters and the MoE routing state: what must match across groups
-            digest.update(t.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
-        row = {
+        row: dict[str, Any] = {
             "step": s.step,
             "t": time.time(),
             "participants": self.manager.num_participants(),
             "samples": s.loader.sample_positions(),
-            "params_before": digest.hexdigest()[:16],
             "quorum_s": round(self.quorum_s, 5),
             "commit_s": round(commit_s, 5),
         }
+        if log_step(s.step, self.cfg.metrics.log_freq, self.cfg.training.steps):
+            row["params_before"] = params_digest(s)
         with self.log.open("a") as f:
             f.write(json.dumps(row) + "\n")
 

@@ -35,7 +35,7 @@ from meshforge.model.llama import build_model, check_trainable
 from meshforge.model.loss import cross_entropy, loss_parallel_context
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
 from meshforge.observability.logs import launcher_rank, rank_logging
-from meshforge.observability.metrics import MetricsLogger, logging_ranks
+from meshforge.observability.metrics import MetricsLogger, log_step, logging_ranks
 from meshforge.observability.profiling import StepProfiler, check_window, profiling
 from meshforge.observability.straggler import StragglerDetector
 from meshforge.parallel.activation_offload import offload_context
@@ -321,7 +321,7 @@ def global_mean(value: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:
 
 
 def should_log(step: int, cfg: JobConfig) -> bool:
-    return step == 1 or step % cfg.metrics.log_freq == 0 or step == cfg.training.steps
+    return log_step(step, cfg.metrics.log_freq, cfg.training.steps)
 
 
 def save_due(state: TrainState, force: bool) -> bool:
