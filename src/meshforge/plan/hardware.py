@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -272,8 +273,16 @@ def read_profile(path: Path) -> HardwareProfile:
         tree = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--hardware {path}: not valid TOML ({exc})") from None
+    unknown = sorted(set(tree) - {"hardware", "efficiency"})
+    if unknown:
+        raise ConfigError(f"--hardware {path}: unknown table or key {unknown[0]!r}; allowed: [hardware], [efficiency]")
+    for table in ("hardware", "efficiency"):
+        if not isinstance(tree.get(table, {}), dict):
+            raise ConfigError(f"--hardware {path}: {table} = {tree[table]!r} must be a table ([{table}] with keys)")
     hw = dict(tree.get("hardware", {}))
     base_name = hw.pop("base", None)
+    if base_name is not None and not isinstance(base_name, str):
+        raise ConfigError(f"--hardware {path} [hardware]: base = {base_name!r} must be a preset's name, e.g. 'h100'")
     base_profile = load_hardware(base_name) if base_name else None
     spec = _build(HardwareSpec, hw, f"{path} [hardware]", base_profile.spec if base_profile else None)
     base_eff = base_profile.efficiency if base_profile else Efficiency()
@@ -296,12 +305,50 @@ def _build(cls: type, values: dict[str, Any], where: str, base: Any | None) -> A
             raise ConfigError(f"{where}: {key} = {value!r} must be {names[key].type}")
         if expected == (int, float):
             values[key] = float(value)
+    for key, value in values.items():
+        _check_range(key, value, where)
     if base is not None:
-        return replace(base, **values)
-    missing = [n for n, f in names.items() if f.default is dataclasses.MISSING and n not in values]
-    if missing:
-        raise ConfigError(f"{where}: missing {', '.join(missing)} (or give base = a preset name)")
-    return cls(**values)
+        built = replace(base, **values)
+    else:
+        missing = [n for n, f in names.items() if f.default is dataclasses.MISSING and n not in values]
+        if missing:
+            raise ConfigError(f"{where}: missing {', '.join(missing)} (or give base = a preset name)")
+        built = cls(**values)
+    if isinstance(built, HardwareSpec) and not built.runtime_gib < built.memory_gib:
+        raise ConfigError(
+            f"{where}: runtime_gib = {built.runtime_gib:g} leaves nothing of memory_gib = {built.memory_gib:g}: "
+            "runtime_gib must be below memory_gib"
+        )
+    return built
+
+
+_FRACTION = (0.0, 1.0, True)  # a share of a datasheet figure: (0, 1]
+RANGES: dict[str, tuple[float, float, bool]] = {
+    **dict.fromkeys(["peak_bf16_flops", "peak_fp32_flops", "memory_gib"], (0.0, math.inf, True)),  # peak_fp8: 0 = none
+    **dict.fromkeys(["memory_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth"], (0.0, math.inf, True)),
+    "devices_per_node": (1, math.inf, False),
+    "probe_threads": (1, math.inf, False),
+    "clock_derate": _FRACTION,
+    **dict.fromkeys(["matmul", "attention", "network"], _FRACTION),
+    "float8_speedup": (1.0, 2.0, False),  # the hardware bound: Float8 at most doubles a bf16 matmul
+    "async_tp_overlap": (0.0, 1.0, False),
+}
+"""(lowest, highest, lowest excluded) of a profile's numbers; every other number must be >= 0. All must be finite.
+Efficiency's memory_bandwidth shares the HardwareSpec key's name: > 0 covers both (the fraction is also <= 1)."""
+
+
+def _check_range(key: str, value: Any, where: str) -> None:
+    """A one-line ConfigError naming a non-finite or impossible number of a hardware profile."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: {key} = {value} must be a finite number")
+    low, high, low_open = RANGES.get(key, (0.0, math.inf, False))
+    if "[efficiency]" in where and key == "memory_bandwidth":
+        low, high, low_open = _FRACTION
+    if value < low or (low_open and value == low) or value > high:
+        bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+        raise ConfigError(f"{where}: {key} = {value!r} is impossible: it must be {bound}")
 
 
 def save_profile(profile: HardwareProfile, path: Path) -> None:

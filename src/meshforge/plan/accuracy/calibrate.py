@@ -75,15 +75,25 @@ def observation(record: dict[str, Any], path: Path) -> Observation:
             grad_accum=int(flags.get("gradient_accumulation_steps", record.get("gradient_accumulation_steps", 1))),
             threads_per_rank=int(record.get("threads_per_rank") or 0),
         )
+        name = str(record.get("name", layout.describe()))
+        sizes = ("seq_len", "local_batch_size", "dp_replicate", "dp_shard", "tp", "pp", "cp", "microbatch_size")
+        for key in (*sizes, "grad_accum"):
+            if getattr(layout, key) < 1:
+                raise ConfigError(
+                    f"--calibrate {path}: run {name!r} has {key} = {getattr(layout, key)}; it must be >= 1"
+                )
         layout = with_stages(layout, get_flavor(layout.flavor))
         memory = record.get("peak_memory_gib")
-        return Observation(
-            str(record.get("name", layout.describe())),
-            layout,
-            float(record["tps_per_device"]),
-            float(memory) if memory else None,
-            bool(flags.get("float8_emulate", False)) and layout.float8,
-        )
+        tps, gib = float(record["tps_per_device"]), float(memory) if memory else None  # 0: not measured
+        for key, value in (("tps_per_device", tps), ("peak_memory_gib", gib)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(
+                    f"--calibrate {path}: run {name!r} has {key} = {value}: a run with status 'ok' needs a finite "
+                    "value > 0 (remove the run, or set its status to 'failed')"
+                )
+        return Observation(name, layout, tps, gib, bool(flags.get("float8_emulate", False)) and layout.float8)
+    except ConfigError:
+        raise
     except KeyError as exc:
         raise ConfigError(f"--calibrate {path}: a run lacks the key {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:

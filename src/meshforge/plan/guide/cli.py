@@ -40,7 +40,14 @@ def models_of(opts: argparse.Namespace, overrides: list[str]) -> list[list[str]]
         return [overrides]
     if overrides:
         raise ConfigError(f"--guide takes only --model.* overrides, not {overrides[0]}; the search picks the rest")
-    return [["--model.flavor", m.strip()] for m in opts.models.split(",") if m.strip()]
+    flavors = list(dict.fromkeys(m.strip() for m in opts.models.split(",") if m.strip()))
+    if not flavors:
+        raise ConfigError(f"--models {opts.models!r} names no model: give comma-separated flavors, e.g. 8B,70B")
+    from meshforge.model.flavors import get_flavor
+
+    for flavor in flavors:
+        get_flavor(flavor)  # an unknown name: one line listing the known ones, before any cell is searched
+    return [["--model.flavor", m] for m in flavors]
 
 
 def run_guide(opts: argparse.Namespace, overrides: list[str], hw: HardwareProfile) -> int:

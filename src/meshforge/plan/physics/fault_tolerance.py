@@ -210,9 +210,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(opts: argparse.Namespace, cfg: JobConfig, layout: Layout, hw: HardwareProfile) -> dict[str, Any]:
     """The analysis for the job's config and the flags (plan/cli.py prints it or adds it to --json)."""
-    values = (opts.ft_mtbf_gpu_hours, opts.ft_restart_seconds, opts.ft_checkpoint_save_seconds, opts.ft_quorum_seconds)
-    if min(values) < 0 or opts.ft_mtbf_gpu_hours == 0 or opts.ft_checkpoint_interval_seconds < 0:
-        raise ConfigError("--ft-* figures must be >= 0 (and --ft-mtbf-gpu-hours > 0)")
+    for name in ("mtbf_gpu_hours", "restart_seconds", "checkpoint_save_seconds", "checkpoint_interval_seconds"):
+        value = getattr(opts, f"ft_{name}")
+        least = "> 0" if name == "mtbf_gpu_hours" else ">= 0"
+        if not math.isfinite(value) or value < 0 or (value == 0 and least == "> 0"):
+            raise ConfigError(f"--ft-{name.replace('_', '-')} {value} must be a finite number {least}")
+    if not math.isfinite(opts.ft_quorum_seconds) or opts.ft_quorum_seconds < 0:
+        raise ConfigError(f"--ft-quorum-seconds {opts.ft_quorum_seconds} must be a finite number >= 0")
     interval = opts.ft_checkpoint_interval_seconds or cfg.checkpoint.interval_seconds
     if not interval:
         interval = cfg.checkpoint.interval * step_cost(layout, hw, opts.ft_quorum_seconds)[0].plain_s

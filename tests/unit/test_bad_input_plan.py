@@ -1,0 +1,118 @@
+"""Bad input to the planner's newest features (issue 36): a hardware TOML with a value of the wrong type, non-finite
+or impossible (negative memory, zero efficiency, runtime above the memory), a results file with a run at 0 tokens/s,
+a non-finite --ft-* figure, `--guide --models ""`: each is one line naming the key, the value and the fix, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshforge.cli import main
+
+PLAN = ["plan", "--model.flavor", "8B", "--world-size", "8"]
+RESULTS = Path("docs/benchmarks/bench-default/sweep-c/results.json")
+
+
+def one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+HARDWARE = {
+    "negative memory": ('[hardware]\nbase = "h100"\nmemory_gib = -80.0\n', "memory_gib = -80.0 is impossible"),
+    "zero devices": ('[hardware]\nbase = "h100"\ndevices_per_node = 0\n', "devices_per_node = 0 is impossible"),
+    "nan bandwidth": ('[hardware]\nbase = "h100"\nmemory_bandwidth = nan\n', "memory_bandwidth = nan must be a finite"),
+    "inf bandwidth": ('[hardware]\nbase = "h100"\ninter_node_bandwidth = inf\n', "inter_node_bandwidth = inf must"),
+    "zero peak": ('[hardware]\nbase = "h100"\npeak_bf16_flops = 0\n', "peak_bf16_flops = 0.0 is impossible"),
+    "negative latency": ('[hardware]\nbase = "h100"\nintra_node_latency = -1e-6\n', "intra_node_latency = -1e-06"),
+    "derate above 1": ('[hardware]\nbase = "h100"\nclock_derate = 1.5\n', "clock_derate = 1.5 is impossible"),
+    "runtime above memory": ('[hardware]\nbase = "h100"\nruntime_gib = 100.0\n', "runtime_gib must be below"),
+    "zero matmul": ('[hardware]\nbase = "h100"\n[efficiency]\nmatmul = 0.0\n', "matmul = 0.0 is impossible"),
+    "network above 1": ('[hardware]\nbase = "h100"\n[efficiency]\nnetwork = 3.0\n', "network = 3.0 is impossible"),
+    "float8 above 2": ('[hardware]\nbase = "h100"\n[efficiency]\nfloat8_speedup = 4\n', "float8_speedup = 4.0"),
+    "hardware not a table": ("hardware = 5\n", "hardware = 5 must be a table"),
+    "base a number": ("[hardware]\nbase = 5\n", "base = 5 must be a preset's name"),
+    "misspelt table": ('[hardwre]\nbase = "h100"\n', "unknown table or key 'hardwre'"),
+    "wrong type": ('[hardware]\nbase = "h100"\npeak_bf16_flops = "fast"\n', "peak_bf16_flops = 'fast' must be"),
+}
+
+
+@pytest.mark.parametrize("case", list(HARDWARE))
+def test_a_hardware_profile_with_a_bad_value_is_one_line(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text, says = HARDWARE[case]
+    (tmp_path / "hw.toml").write_text(text)
+    err = one_line([*PLAN, "--hardware", str(tmp_path / "hw.toml")], capsys)
+    assert says in err and "hw.toml" in err, err
+
+
+def test_every_preset_passes_the_profile_checks() -> None:
+    """The bounds refuse no shipped profile (each preset's and the CPU's numbers, as a TOML would give them)."""
+    import dataclasses
+
+    from meshforge.plan.hardware import CPU_EFFICIENCY, PRESETS, _check_range, family_efficiency
+
+    for name, spec in PRESETS.items():
+        for key, value in dataclasses.asdict(spec).items():
+            _check_range(key, value, f"{name} [hardware]")
+        for key, value in dataclasses.asdict(family_efficiency(name)).items():
+            _check_range(key, value, f"{name} [efficiency]")
+    for key, value in dataclasses.asdict(CPU_EFFICIENCY).items():
+        _check_range(key, value, "cpu [efficiency]")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("tps_per_device", 0, "run 'fsdp' has tps_per_device = 0.0"),
+        ("tps_per_device", float("nan"), "run 'fsdp' has tps_per_device = nan"),
+        ("tps_per_device", -5, "run 'fsdp' has tps_per_device = -5.0"),
+        ("peak_memory_gib", -1, "run 'fsdp' has peak_memory_gib = -1.0"),
+        ("seq_len", 0, "run 'fsdp' has seq_len = 0; it must be >= 1"),
+    ],
+)
+def test_a_results_file_with_an_impossible_run_is_one_line(
+    key: str, value: float, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = json.loads(RESULTS.read_text())
+    runs = runs["runs"] if isinstance(runs, dict) else runs
+    assert runs[0]["name"] == "fsdp"
+    runs[0][key] = value
+    (tmp_path / "results.json").write_text(json.dumps(runs))
+    argv = ["plan", "--calibrate", str(tmp_path / "results.json"), "--hardware", "h100", "--out", str(tmp_path / "o")]
+    err = one_line(argv, capsys)
+    assert says in err and "a run has a bad value (" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--ft-mtbf-gpu-hours", "nan", "--ft-mtbf-gpu-hours nan must be a finite number > 0"),
+        ("--ft-mtbf-gpu-hours", "inf", "--ft-mtbf-gpu-hours inf must be a finite number > 0"),
+        ("--ft-mtbf-gpu-hours", "0", "--ft-mtbf-gpu-hours 0.0 must be a finite number > 0"),
+        ("--ft-restart-seconds", "nan", "--ft-restart-seconds nan must be a finite number >= 0"),
+        ("--ft-checkpoint-interval-seconds", "-3", "--ft-checkpoint-interval-seconds -3.0 must be"),
+        ("--ft-quorum-seconds", "inf", "--ft-quorum-seconds inf must be a finite number >= 0"),
+    ],
+)
+def test_fault_tolerance_figures_must_be_finite(
+    flag: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "--model.flavor", "8B", "--world-size", "64", "--hardware", "h100", "--fault-tolerance"]
+    argv += ["--parallelism.data_parallel_replicate_degree", "8", flag, value]
+    assert says in one_line(argv, capsys)
+
+
+@pytest.mark.parametrize(
+    ("models", "says"),
+    [("", "--models '' names no model"), (" , ", "--models ' , ' names no model"), ("8B,nope", "'nope' is unknown")],
+)
+def test_guide_models_must_name_known_flavors(models: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--guide", "--hardware", "h100", "--world-sizes", "8", "--seq-lens", "8192", "--models", models]
+    assert says in one_line(argv, capsys)
