@@ -7,9 +7,12 @@ under CPU offload: a fake CPU backend stands for gloo) at the layout's world siz
 (forward, backward, clip, optimizer), the log step and the checkpoint save. Each row lists the phases passed and
 the first failure with torch's message (``stopped``); a backward or a save that fails is recorded and stood in for
 (zero gradients; no checkpoint) so the later phases still run. Today torch stops backward in the autograd engine,
-which asks the CUDA driver for a primary context ("hasPrimaryContext expects a valid device index"; the meta-outer
-wrapper subclass was not tried here), and the save in DCP's write (".numpy() is not supported for tensor
-subclasses"). A dispatch-mode guard fails on any collective (``c10d`` / ``_c10d_functional`` op) that gets a
+which asks the CUDA driver for a primary context ("hasPrimaryContext expects a valid device index"), and the save
+in DCP's write (".numpy() is not supported for tensor subclasses"). ``dense_1_meta_outer`` (one process) wraps the
+parameters and buffers in ``MetaOuter`` (outer tensor on meta, inner fake CUDA): the engine then runs backward
+(attention through the CUDA kernel's own forward / backward ops on the inner tensors) and fused AdamW steps; FSDP's
+and TP's DTensor parameters cannot take the wrapper after the fact, so those layouts use stand-in gradients.
+A dispatch-mode guard fails on any collective (``c10d`` / ``_c10d_functional`` op) that gets a
 non-CUDA tensor (host tensors are expected, and counted apart, when the group has a CPU backend), counts host
 synchronisations (``aten._local_scalar_dense`` on a CUDA tensor) per phase, host <-> device copies (blocking or
 not) and pinned buffers. torch.cuda's device queries, streams and events are stubbed (no driver), the streams'
@@ -39,10 +42,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_cuda_env import STREAM_OPS, cuda_stubs, meta_outer, real_tensors_for
+
 BASE = ["--training.steps", "1", "--training.seq_len", "64", "--training.local_batch_size", "2"]
 BASE += ["--training.device", "cuda", "--training.mixed_precision_param", "bfloat16", "--metrics.log_freq", "1"]
 LAYOUTS: dict[str, tuple[int, list[str]]] = {
     "dense_fsdp4": (4, ["--model.flavor", "debugmodel"]),
+    "dense_1_meta_outer": (1, ["--model.flavor", "debugmodel"]),
     "dense_tp2": (2, ["--model.flavor", "debugmodel", "--parallelism.tensor_parallel_degree", "2"]),
     "dense_tp2_fsdp2": (4, ["--model.flavor", "debugmodel", "--parallelism.tensor_parallel_degree", "2"]),
     "dense_fsdp2_offload": (2, ["--model.flavor", "debugmodel", "--activation_checkpoint.offload", "true",
@@ -149,113 +156,6 @@ class CollectiveGuard(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-STREAM_OPS: dict[str, int] = {}
-"""Calls on the stubbed streams (a side stream's wait for the compute stream, the compute stream's wait for an
-event), reset per layout."""
-
-
-class FakeCudaStream(torch.Stream):
-    """A stream object torch's argument parser accepts (``record_stream``), counting the waits it is asked for."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> FakeCudaStream:
-        return super().__new__(cls, device="cpu")
-
-    def wait_stream(self, stream: Any) -> None:
-        STREAM_OPS["wait_stream"] = STREAM_OPS.get("wait_stream", 0) + 1
-
-    def wait_event(self, event: Any) -> None:
-        STREAM_OPS["wait_event"] = STREAM_OPS.get("wait_event", 0) + 1
-
-    def record_event(self, event: Any = None) -> Any:
-        return event if event is not None else FakeCudaEvent()
-
-    def synchronize(self) -> None:
-        STREAM_OPS["stream_synchronize"] = STREAM_OPS.get("stream_synchronize", 0) + 1
-
-    def query(self) -> bool:
-        return True
-
-    def __enter__(self) -> FakeCudaStream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
-class FakeCudaEvent:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def record(self, stream: Any = None) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def wait(self, stream: Any = None) -> None:
-        pass
-
-    def elapsed_time(self, end: Any) -> float:
-        return 1.0
-
-
-@contextlib.contextmanager
-def cuda_stubs() -> Iterator[None]:
-    """The device queries a driver would answer (what FSDP2, metrics and the peak table ask)."""
-    patches = {
-        "current_device": lambda: 0, "device_count": lambda: 1, "set_device": lambda *a: None,
-        "synchronize": lambda *a, **k: None, "get_device_name": lambda *a: "NVIDIA H200",
-        "get_device_capability": lambda *a: (9, 0), "max_memory_reserved": lambda *a, **k: 0,
-        "max_memory_allocated": lambda *a, **k: 0, "reset_peak_memory_stats": lambda *a, **k: None,
-        "Event": FakeCudaEvent, "current_stream": lambda *a: FakeCudaStream(), "Stream": FakeCudaStream,
-        "stream": lambda *a, **k: contextlib.nullcontext(),
-        "get_rng_state": lambda *a: torch.zeros(16, dtype=torch.uint8),
-    }  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        # the fake backend says it takes cpu and cuda; as NCCL it takes cuda only (collectives pick devices by it)
-        stack.enter_context(mock.patch.dict(dist.Backend.backend_capability, {"fake": ["cuda"]}))
-        for name, value in patches.items():
-            stack.enter_context(mock.patch.object(torch.cuda, name, value))
-        yield
-
-
-def unfaked(fn: Any) -> Any:
-    """``fn`` run with real tensors (a mesh's rank table, the data loader's host batches are not device work)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            return fn(*args, **kwargs)
-
-    return run
-
-
-@contextlib.contextmanager
-def real_tensors_for(loop: Any) -> Iterator[None]:
-    from meshforge.parallel.dims import ParallelDims
-
-    with contextlib.ExitStack() as stack:
-        for name in ("build_mesh", "build_expert_mesh"):
-            stack.enter_context(mock.patch.object(ParallelDims, name, unfaked(getattr(ParallelDims, name))))
-        import meshforge.checkpoint.dcp as dcp
-        import meshforge.model.llama as llama
-
-        # the checkpointer's own gloo group: on the fake store a real gloo group cannot connect; a fake one stands in
-        new_group = dist.new_group
-        fake_group = lambda *a, backend=None, **k: new_group(*a, **k)  # noqa: E731
-        stack.enter_context(mock.patch.object(dcp.dist, "new_group", fake_group))
-
-        host_init = unfaked(llama.initial_value)  # a CUDA generator needs the driver: draw on the host, then move
-        stack.enter_context(
-            mock.patch.object(
-                llama, "initial_value", lambda f, s, a, seed, d: host_init(f, s, a, seed, torch.device("cpu")).to(d)
-            )
-        )
-        for name in ("build_dataloader", "build_validation_loader", "build_tokenizer"):
-            stack.enter_context(mock.patch.object(loop, name, unfaked(getattr(loop, name))))
-        yield
-
-
 def check_layout(name: str, world: int, overrides: list[str], folder: Path) -> dict[str, Any]:
     """One layout through the real first step (``run_steps``: train_step, log, save); the phases it passed, the first
     that failed with torch's message, and what the guard saw."""
@@ -274,6 +174,10 @@ def check_layout(name: str, world: int, overrides: list[str], folder: Path) -> d
     ctx = DistContext(0, world, 0, torch.device("cuda", 0), backend)
     guard = CollectiveGuard(host_backend=FAKE_CPU in backend)
     STREAM_OPS.clear()
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    # to_empty of a model without FSDP swaps each fake parameter in place, which fails on a parameter another
+    # module also holds ("Couldn't swap Embedding.weight"); new Parameters instead, as a real device would give
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
     result: dict[str, Any] = {"layout": name, "world": world, "backend": wanted}
     try:
         with (
@@ -282,12 +186,14 @@ def check_layout(name: str, world: int, overrides: list[str], folder: Path) -> d
             real_tensors_for(loop),
             FakeTensorMode(allow_non_fake_inputs=True),
             guard,
+            meta_outer(loop) if name.endswith("meta_outer") else contextlib.nullcontext(),
         ):
             run_phases(loop, cfg, guard)
     except Exception as exc:
         guard.fail(exc)
     finally:
         dist.destroy_process_group()
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
     result.update(phases=guard.passed(), reached=guard.passed()[-1] if guard.passed() else "start")
     result.update(stopped=guard.failures[0] if guard.failures else None, failures=guard.failures)
     result.update(collectives=guard.collectives, non_cuda_collectives=guard.non_cuda, host_syncs=guard.syncs)

@@ -64,6 +64,17 @@ def test_layouts_run_the_real_step_as_far_as_torch_allows(results: dict[str, dic
     assert results["dense_stage_moe_balance"]["reached"] == "balance"
 
 
+def test_the_whole_step_runs_under_the_meta_outer_wrapper(results: dict[str, dict[str, object]]) -> None:
+    """One process, parameters and buffers wrapped (outer tensor on meta, inner fake CUDA): the autograd engine runs
+    backward, fused AdamW steps, the log step reads on the host; only DCP's write stops (.numpy() of a subclass)."""
+    row = results["dense_1_meta_outer"]
+    assert row["phases"] == ["setup", "forward", "backward", "clip", "optimizer", "log"], row
+    assert str(row["stopped"]).startswith("save: RuntimeError: .numpy()"), row["stopped"]
+    syncs = row["host_syncs"]
+    assert isinstance(syncs, dict) and not any(syncs.get(p, 0) for p in ("forward", "backward", "clip", "optimizer"))
+    assert syncs.get("log", 0) > 0
+
+
 def test_cpu_offload_uses_the_host_backend_beside_the_device_one(results: dict[str, dict[str, object]]) -> None:
     row = results["dense_fsdp2_offload"]
     assert row["backend"] == "cuda:nccl,cpu:gloo" and row["host_collectives"] > 0  # clip's norm over host shards
