@@ -34,7 +34,9 @@ from torch.distributed.tensor import DTensor
 from meshforge.config.fault_tolerance import check_lighthouse_url
 from meshforge.config.schema import JobConfig
 from meshforge.errors import ConfigError
+from meshforge.model.moe import moe_layers
 from meshforge.observability.metrics import log_step
+from meshforge.parallel.distributed import report_once
 
 if TYPE_CHECKING:
     from meshforge.train.loop import TrainState
@@ -141,8 +143,6 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 def expert_biases(state: TrainState) -> list[torch.Tensor]:
     """The MoE layers' expert-bias buffers of this rank's model parts (routing state outside the parameters)."""
-    from meshforge.model.moe import moe_layers
-
     return [m.expert_bias for part in state.model_parts for m in moe_layers(part) if m.expert_bias is not None]
 
 
@@ -376,7 +376,6 @@ class FaultTolerance:
             err = self.manager.errored()
             failed = f"the step's all-reduce failed ({str(err.original_exception)[:160]})" if err else "a group"
             why = f"{failed} kept voting against the commit; the other groups' output says why"
-        from meshforge.parallel.distributed import report_once
 
         report_once(
             f"meshforge: fault tolerance: step {self.state.step} did not commit within comm.{key}_timeout_seconds = "
