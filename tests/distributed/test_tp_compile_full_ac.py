@@ -75,3 +75,13 @@ def test_tp_compile_full_ac_matches_one_process(ac: ActivationCheckpoint) -> Non
     assert sorted(got) == sorted(want)
     for name, grad in want.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_fsdp2_tp2_compile_full_ac_trains_like_one_process() -> None:
+    """The 70B / 405B configs' combination through the real training loop (FSDP 2 x TP 2, compile, full AC; aot_eager
+    for time): the losses and gradient norms of 5 steps equal one process's."""
+    from parity import GLOBAL_BATCH, assert_parity, losses, reference
+
+    args = ["--training.local_batch_size", str(GLOBAL_BATCH // 2), "--parallelism.tensor_parallel_degree", "2"]
+    args += ["--activation_checkpoint.mode", "full", "--compile.enable", "--compile.backend", "aot_eager"]
+    assert_parity(losses(4, args), reference())
