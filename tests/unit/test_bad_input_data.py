@@ -121,7 +121,7 @@ def test_the_checksums_run_on_a_reader_thread_before_any_read(dataset: Path) -> 
     flip(dataset, "train-00003.bin")
     split = PreparedSplit(dataset)
     checker = split._checker
-    assert checker is not None and checker.thread.name == "meshforge-shard-check"
+    assert checker is not None and all(t.name == "meshforge-shard-check" for t in checker.threads)
     deadline = time.monotonic() + 10
     while len(checker.results) < len(split.shard_names) and time.monotonic() < deadline:
         time.sleep(0.01)  # no read: only the thread can fill the results

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from meshforge import cli
 from meshforge.config.io import load_config
+from meshforge.train import cli as train_cli
 from meshforge.train import fault_tolerance as ft
 from meshforge.train import ft_cli
 
@@ -170,3 +172,34 @@ def test_the_launcher_refuses_a_layout_no_group_can_run(capsys: pytest.CaptureFi
         assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "world size 1 is not divisible" in err and len(err.splitlines()) == 1, err
+
+
+def test_local_replicas_without_nproc_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --nproc no launcher starts the other group: the run would wait for it until the timeout."""
+    assert cli.main(["train", *FT, "--fault_tolerance.local_replicas", "2", "--model.flavor", "tiny"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "fault_tolerance.local_replicas = 2 starts local groups and needs --nproc N" in err, err
+    assert len(err.splitlines()) == 1, err
+
+
+def test_the_groups_never_launch_groups_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """local_replicas from a --config file reaches each group's command too: the launcher sets it to 0 there."""
+    (tmp_path / "ft.toml").write_text("[fault_tolerance]\nenable = true\nlocal_replicas = 2\n")
+    commands: list[list[str]] = []
+
+    def popen(cmd: list[str], env: object) -> SimpleNamespace:
+        commands.append(cmd)
+        return SimpleNamespace(poll=lambda: 0, wait=lambda: 0, pid=0)
+
+    lighthouse = SimpleNamespace(address=lambda: "http://127.0.0.1:1", shutdown=lambda: None)
+    monkeypatch.setattr(ft_cli, "start_lighthouse", lambda *a: lighthouse)
+    monkeypatch.setattr(ft_cli.subprocess, "Popen", popen)
+    monkeypatch.setattr(ft_cli, "reap_on_signals", lambda groups: None)
+    argv = ["train", "--config", str(tmp_path / "ft.toml"), "--nproc", "2", "--model.flavor", "tiny"]
+    argv += ["--job.dump_folder", str(tmp_path / "run")]
+    assert cli.main(argv) == 0
+    assert len(commands) == 2
+    for cmd in commands:
+        args, overrides = train_cli.parse(cmd[cmd.index("train") + 1 :])
+        config = load_config(args.config, overrides)
+        assert config.fault_tolerance.local_replicas == 0 and config.fault_tolerance.group_size == 2, cmd

@@ -65,6 +65,11 @@ def main(argv: list[str]) -> int:
 
             return dry_run_memory(cfg, args.world_size, as_json=args.json)
         return dry_run(cfg, args.world_size)
+    if cfg.fault_tolerance.enable and cfg.fault_tolerance.local_replicas and not args.nproc:
+        raise ConfigError(
+            f"fault_tolerance.local_replicas = {cfg.fault_tolerance.local_replicas} starts local groups and needs "
+            "--nproc N (N / local_replicas ranks each); without --nproc set fault_tolerance.group_size instead"
+        )
     if args.nproc and cfg.fault_tolerance.enable and cfg.fault_tolerance.local_replicas:
         from meshforge.train.ft_cli import launch_local_replicas
 

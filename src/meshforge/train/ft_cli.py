@@ -106,6 +106,7 @@ def launch_local_replicas(cfg: JobConfig, nproc: int, argv: list[str]) -> int:
         cmd = [sys.executable, "-m", "meshforge", "train", "--nproc", str(nproc // replicas), *rest]
         cmd += ["--job.dump_folder", dump, "--fault_tolerance.replica_id", str(i)]
         cmd += ["--fault_tolerance.group_size", str(replicas), "--fault_tolerance.lighthouse", address]
+        cmd += ["--fault_tolerance.local_replicas", "0"]  # a --config file's local_replicas must not launch again
         groups.append(subprocess.Popen(cmd, env=os.environ.copy()))
     while any(p.poll() is None for p in groups):  # not a blocking wait: a signal may land on a Lighthouse thread
         time.sleep(0.2)
