@@ -57,3 +57,19 @@ def test_rule_stops_the_steady_run_and_spends_on_the_noisy(tmp_path: Path, monke
 def test_time_budget_ends_the_extra_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     results = fake_sweep(matrix_with(budget=1e-6), tmp_path, monkeypatch)  # spent before the first extra round
     assert {r["name"]: len(r["repetitions"]) for r in results["runs"]} == {"steady": 3, "noisy": 3, "crowded": 1}
+
+
+def test_a_failing_planner_does_not_lose_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from meshforge.bench import analysis, predict
+
+    def broken(*args: Any, **kw: Any) -> None:
+        raise AttributeError("'Layout' object has no attribute 'gradient_sync'")
+
+    monkeypatch.setattr(predict, "attach_predictions", broken)
+    results: dict[str, Any] = {"runs": []}
+    cli.predict(results, "cpu", tmp_path)
+    assert results["prediction"]["error"].startswith("AttributeError: 'Layout'")
+    assert "predictions failed (AttributeError" in capsys.readouterr().err
+    assert "fits failed (AttributeError" in analysis.prediction_lines(results)[0]

@@ -205,6 +205,8 @@ def busy_text(machine: dict[str, Any]) -> str:
 def prediction_lines(results: dict[str, Any]) -> list[str]:
     """The planner's leave-one-out accuracy on this machine, one paragraph."""
     loo = results.get("prediction")
+    if loo and loo.get("error"):
+        return [f"\n**Planner beside the measurements**: the leave-one-out fits failed ({loo['error']})."]
     if not loo or loo.get("median_abs_error") is None:
         return []
     return [

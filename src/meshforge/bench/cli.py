@@ -149,13 +149,27 @@ def finish(matrix: BenchMatrix, results: dict[str, Any], out: Path, compare_with
     attach_parity(results, {r.name: matrix.rtol_of(r) for r in matrix.runs})
     attach_ratios(results)
     if hardware and sum(r["status"] == "ok" for r in results["runs"]) > 2:
-        from meshforge.bench.predict import attach_predictions
-
-        attach_predictions(results, hardware, cache=out / "cache" / "prediction.json")
+        predict(results, hardware, out)
     write_json(out / "results.json", results)
     report = write_report(results, out, compare_with=compare_with)
     plots = write_plots(results, out)
     print(f"meshforge bench: wrote {out / 'results.json'}, {report} and {', '.join(p.name for p in plots)}")
+
+
+def predict(results: dict[str, Any], hardware: str, out: Path) -> None:
+    """The planner's leave-one-out predictions beside the runs. The measurements stand without them: a planner that
+    fails says so in one line (and in results.json's ``prediction.error``) instead of losing the sweep's report."""
+    from meshforge.bench.predict import attach_predictions
+
+    try:
+        attach_predictions(results, hardware, cache=out / "cache" / "prediction.json")
+    except Exception as exc:  # any planner failure: the report is written without the column
+        line = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        results["prediction"] = {"error": line}
+        print(
+            f"meshforge bench: the planner's predictions failed ({line}); the report has no Predicted column",
+            file=sys.stderr,
+        )
 
 
 def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> dict[str, Any]:
