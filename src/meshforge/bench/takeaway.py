@@ -8,6 +8,7 @@ from itertools import combinations
 from typing import Any
 
 from meshforge.bench import analysis, stats
+from meshforge.bench.machine import noise_warnings
 from meshforge.bench.reference import article_ratio, figure
 
 Record = dict[str, Any]
@@ -20,9 +21,12 @@ def takeaway_lines(results: dict[str, Any]) -> list[str]:
         return []
     level = analysis.confidence_of(results)
     places = stats.ranking({r["name"]: r["tps_steps"] for r in pool}, level)
+    noise = noise_warnings(results["machine"], results.get("sweep", {}), results["runs"])
+    caution = [f"- **Read with care**: {len(noise)} noise warning(s) below ({noise[0]})."] if noise else []
     return [
         "## Takeaway",
         "",
+        *caution,
         ranking_bullet(results, pool, places, level),
         precision_bullet(results, pool),
         *article_bullets(results),
