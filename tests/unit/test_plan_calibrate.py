@@ -11,7 +11,8 @@ import pytest
 
 from meshforge.cli import main
 from meshforge.model.flavors import get_flavor
-from meshforge.plan.hardware import CPU_EFFICIENCY, HardwareProfile, HardwareSpec, load_hardware, save_profile
+from meshforge.plan.accuracy import stack
+from meshforge.plan.hardware import CPU_EFFICIENCY, HardwareProfile, HardwareSpec, save_profile
 from meshforge.plan.layout import Layout, with_stages
 from meshforge.plan.physics.estimate import estimate
 
@@ -125,7 +126,7 @@ def test_calibration_recovers_perturbed_constants(tmp_path: Path, capsys: pytest
 
     assert main(["plan", "--calibrate", str(results), "--hardware", str(hw_file), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    fitted = load_hardware(out["profile"])
+    fitted = stack.load_profile(out["profile"])  # a stack profile: the CPU spec and its fitted constants
     for key in ("matmul", "memory_bandwidth", "network"):
         assert getattr(fitted.efficiency, key) == pytest.approx(TRUTH[key], rel=0.03), key
     # the pull toward the start (calibrate.PRIOR_WEIGHT) shows on the two constants these runs pin down least

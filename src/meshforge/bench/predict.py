@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.bench.machine import cpu_cores
-from meshforge.plan.accuracy import calibrate, folds
-from meshforge.plan.hardware import HardwareProfile, load_hardware
+from meshforge.plan.accuracy import calibrate, folds, stack
+from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.physics.estimate import estimate
 
 PREDICT_SOURCES = ("plan/accuracy/calibrate.py", "plan/shipped.py", "bench/predict.py", "device/peak.py")
@@ -56,7 +56,7 @@ def leave_one_out(records: list[dict[str, Any]], hardware: str = "cpu", workers:
 
     ``error`` is predicted / measured - 1. Emulated Float8 runs are predicted as Float8 but neither fitted nor scored
     (their time is not Float8's)."""
-    hw = load_hardware(hardware)
+    hw = stack.load_profile(hardware)  # a preset, a shipped stack or a profile file
     obs = observations(records)
     jobs = [(obs, i, hw) for i in range(len(obs))]
     workers = workers or max(1, min(cpu_cores(), len(jobs)))

@@ -2,7 +2,7 @@
 
 meshforge plan [--config F] [--section.key value ...] --world-size N --hardware NAME|FILE [--json] [--search]
                [--timeline]
-meshforge plan --calibrate DIR/results.json --hardware cpu [--out FILE] [--json]
+meshforge plan --calibrate DIR/results.json|RUNS.toml --hardware NAME [--out STACK.toml] [--json]
 meshforge plan --guide --hardware NAME [--world-sizes 8,64] [--seq-lens 8192] [--models 8B,70B] [--out DIR]
 meshforge plan --article [--json]          (every published row: leave-one-out accuracy, sources in docs/planner.md)
 """
@@ -12,14 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from meshforge.config.io import ConfigError, load_config
-from meshforge.plan import report
-from meshforge.plan.accuracy import calibrate, folds, loo, loo_report, production, published
+from meshforge.plan import report, shipped
+from meshforge.plan.accuracy import calibrate, folds, loo, loo_report, production, published, stack, stack_fit
 from meshforge.plan.accuracy.interval import interval
 from meshforge.plan.guide import cli as guide_cli
-from meshforge.plan.hardware import HardwareProfile, auto_param_dtype, load_hardware, preset_names, save_profile
+from meshforge.plan.hardware import HardwareProfile, auto_param_dtype, preset_names
 from meshforge.plan.layout import IMPLEMENTATIONS, layout_from_config
 from meshforge.plan.physics import fault_tolerance as ft
 from meshforge.plan.physics.estimate import estimate, pipeline_timeline
@@ -37,10 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="meshforge plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="job TOML (the same file `meshforge train` takes)")
     parser.add_argument("--world-size", type=int, help="number of devices to plan for")
-    parser.add_argument("--hardware", help=f"preset ({', '.join(preset_names())}) or a TOML profile")
+    parser.add_argument(
+        "--hardware",
+        help=f"preset ({', '.join(preset_names())}), stack ({', '.join(shipped.STACKS)}) or a TOML profile",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--search", action="store_true", help="rank every layout that fits and explain the best")
-    parser.add_argument("--calibrate", metavar="RESULTS_JSON", help="fit --hardware's constants to a bench run")
+    parser.add_argument(
+        "--calibrate",
+        metavar="RUNS",
+        help="fit a stack profile on --hardware's datasheet to a bench results.json or a TOML of [[run]] tables",
+    )
     parser.add_argument("--out", help="with --calibrate: where to write the fitted profile TOML")
     parser.add_argument(
         "--article",
@@ -68,7 +75,7 @@ def main(argv: list[str]) -> int:
         return run_article(opts)
     if not opts.hardware:
         raise ConfigError(f"--hardware is required: a preset ({', '.join(preset_names())}) or a TOML profile")
-    hw = load_hardware(opts.hardware)
+    hw = stack.load_profile(opts.hardware)
     if opts.guide:
         return guide_cli.run_guide(opts, overrides, hw)
     if opts.calibrate:
@@ -87,6 +94,7 @@ def main(argv: list[str]) -> int:
     tolerance = ft.run(opts, cfg, layout, hw) if opts.fault_tolerance else None
     if opts.json:
         out = est.to_dict() | iv.as_dict() | ({"fault_tolerance": tolerance} if tolerance else {})
+        out |= {"stack_note": report.stack_note(est, hw)} if hw.stack else {}
         if opts.timeline:
             out["timeline"] = [
                 {"rank": rank, "start_s": round(start, 6), "end_s": round(end, 6), "action": action}
@@ -172,51 +180,58 @@ def _article_row(held: loo.Prediction, ins: loo.Prediction) -> dict[str, object]
 
 
 def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
-    """Fit the profile to a bench results.json, save it, and report predicted vs measured before and after."""
+    """Fit a stack profile to measured runs (a bench results.json or a TOML of [[run]] tables), save it, and report
+    what each run determines, what stays at the hardware's, and predicted vs measured before and after."""
     path = Path(opts.calibrate)
-    obs = calibrate.read_results(path)
-    before = calibrate.compare(obs, hw)
-    fitted, time_fit, mem_fit = calibrate.fit_with_statistics(obs, hw)
-    after = calibrate.compare(obs, fitted)
-    stats = report.fit_statistics(time_fit, mem_fit, hw)
+    if path.suffix == ".toml":
+        obs, sources = stack_fit.read_runs(path, hw)
+    else:
+        obs, sources = calibrate.read_results(path), {}
     out = Path(opts.out) if opts.out else path.parent / f"hardware-{hw.name}-calibrated.toml"
-    save_profile(fitted, out)
+    before = calibrate.compare(obs, hw)
+    result = stack_fit.fit_stack(obs, hw, out.stem, sources)
+    fitted = result.profile
+    after = calibrate.compare(obs, fitted)
+    stats = report.fit_statistics(result.fit, None, hw) if result.fit is not None else {}
+    stack.save(fitted, out)
     spec_names = [k for k in calibrate.TIME_CONSTANTS if not hasattr(fitted.efficiency, k)]
     fitted_spec = {k: getattr(fitted.spec, k) for k in spec_names}
+    info = fitted.stack
+    assert info is not None
     if opts.json:
-        print(
-            json.dumps(
-                {
-                    "profile": str(out),
-                    "efficiency": vars(fitted.efficiency),
-                    "fitted_hardware": fitted_spec,
-                    "fit": stats,
-                    "runs": after,
-                    "runs_before_fit": before,
-                },
-                indent=2,
-            )
-        )
+        stack_json = {"name": info.name, "fitted": info.fitted, "held": info.held, "world_sizes": info.world_sizes}
+        for row in after:
+            row["determines"] = result.determines.get(row["name"], ())
+        body: dict[str, Any] = {
+            "profile": str(out),
+            "efficiency": vars(fitted.efficiency),
+            "fitted_hardware": fitted_spec,
+        }
+        body |= {"stack": stack_json, "fit": stats, "runs": after, "runs_before_fit": before}
+        print(json.dumps(body, indent=2))
         return 0
-    print(f"fitted {len(obs)} runs of {path} on {hw.name}; profile written to {out}")
-    constants = {**vars(fitted.efficiency), **fitted_spec}
-    print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in constants.items()))
-    print(report.format_fit_statistics(stats))
-    print("\n| run | layout | TPS measured | predicted | error | memory GiB measured | predicted | error |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for row in after:
-        mem = (
-            f"{row['memory_measured_gib']:.3f} | {row['memory_predicted_gib']:.3f} | {row['memory_error']:+.1%}"
-            if "memory_error" in row
-            else "- | - | -"
-        )
+    print(f"calibrated stack {info.name!r} on {hw.name}'s datasheet from {len(obs)} runs of {path}; written to {out}")
+    print(report.format_stack_fit(result, hw))
+    if stats:
+        print(report.format_fit_statistics(stats))
+    print("\n| run | layout | determines | TPS measured | predicted before | after | error |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for row, old in zip(after, before, strict=True):
+        what = ", ".join(result.determines.get(row["name"], ())) or "-"
+        emulated = " (emulated Float8: not fitted)" if row["emulated"] else ""
+        layout = row["layout"].replace(" | ", "; ")
         print(
-            f"| {row['name']} | {row['layout']} | {row['tps_measured']:,.1f} | {row['tps_predicted']:,.1f} | "
-            f"{row['tps_error']:+.1%}{' (emulated Float8: not fitted)' if row['emulated'] else ''} | {mem} |"
+            f"| {row['name']} | {layout} | {what} | {row['tps_measured']:,.1f} | {old['tps_predicted']:,.1f} | "
+            f"{row['tps_predicted']:,.1f} | {row['tps_error']:+.1%}{emulated} |"
+        )
+    mem_rows = [r for r in after if "memory_error" in r]
+    for row in mem_rows:
+        print(
+            f"memory {row['name']}: {row['memory_measured_gib']:.2f} GiB measured, {row['memory_predicted_gib']:.2f} "
+            f"predicted ({row['memory_error']:+.1%})"
         )
     fitted_rows = [r for r in after if not r["emulated"]]
     within = sum(abs(r["tps_error"]) <= 0.25 for r in fitted_rows)
-    mem_rows = [r for r in after if "memory_error" in r]
     mem_within = sum(abs(r["memory_error"]) <= 0.25 for r in mem_rows)
     print(
         f"\nwithin 25 %: throughput {within} of {len(fitted_rows)} fitted runs, memory {mem_within} of {len(mem_rows)}"

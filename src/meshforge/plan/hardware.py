@@ -113,11 +113,26 @@ class HardwareSpec:
 
 
 @dataclass(frozen=True)
+class StackInfo:
+    """What a stack profile's efficiency constants rest on (plan/accuracy/stack.py): the runs' world sizes and
+    sources, which constants they determined and which stay at ``hardware``'s (the shipped TorchTitan fit's)."""
+
+    name: str
+    hardware: str
+    fitted: tuple[str, ...] = ()
+    held: tuple[str, ...] = ()
+    world_sizes: tuple[int, ...] = ()
+    sources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
-    """A device with the efficiency constants the estimator applies to it."""
+    """A device (its datasheet: ``spec``) with the efficiency constants an implementation reaches on it; ``stack``
+    names that implementation's calibration where the profile is a stack profile (plan/accuracy/stack.py)."""
 
     spec: HardwareSpec
     efficiency: Efficiency = field(default_factory=Efficiency)
+    stack: StackInfo | None = None
 
     @property
     def name(self) -> str:

@@ -8,7 +8,8 @@ from meshforge.model.flavors import param_counts
 from meshforge.plan.accuracy import fit as fitting
 from meshforge.plan.accuracy.fit import Fit, MemoryFit
 from meshforge.plan.accuracy.interval import Interval, difference_sd, interval, separable
-from meshforge.plan.hardware import GIB, HardwareProfile
+from meshforge.plan.accuracy.stack_fit import StackFit
+from meshforge.plan.hardware import GIB, HardwareProfile, StackInfo
 from meshforge.plan.layout import layout_args
 from meshforge.plan.physics.estimate import Estimate
 from meshforge.plan.physics.memory import STATE_BYTES
@@ -85,7 +86,58 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
             f"interval (+-1 sd, leave-one-out spread + constants' covariance): {iv.tps_low:,.1f} - {iv.tps_high:,.1f}"
             f" tokens/s, {iv.memory_low:.1f} - {iv.memory_high:.1f} GiB"
         )
+    note = stack_note(est, hw)
+    lines += [note] if note else []
     lines += [f"warning: {w}" for w in est.warnings]
+    return "\n".join(lines)
+
+
+def stack_note(est: Estimate, hw: HardwareProfile) -> str:
+    """For a stack profile: what its constants rest on, and, past the nodes its runs measured, that the inter-node
+    constants are the hardware's (the interval's spread is then the one-node -> multi-node split's)."""
+    info = hw.stack
+    if info is None:
+        return ""
+    text = f"stack {info.name!r}: fitted {', '.join(info.fitted) or 'nothing'} from runs on {_worlds(info)} GPUs"
+    node = hw.spec.devices_per_node
+    if info.world_sizes and max(info.world_sizes) <= node < est.layout.world_size:
+        text += (
+            f"; {est.layout.world_size} GPUs span {-(-est.layout.world_size // node)} nodes, which its one-node runs "
+            f"never measured: inter-node links and {', '.join(info.held)} are {info.hardware}'s (not this stack's), "
+            f"and the interval's spread is the measured one-node -> multi-node error (shipped.SPLIT_LOG_SD)"
+        )
+    return text
+
+
+def _worlds(info: StackInfo) -> str:
+    return ", ".join(str(w) for w in info.world_sizes) or "no"
+
+
+def format_stack_fit(result: StackFit, hw: HardwareProfile) -> str:
+    """What a stack calibration fitted (with the values), what it held at the hardware's and why, and its spread."""
+    eff, base = result.profile.efficiency, hw.efficiency
+    lines = []
+    for name in result.fitted:
+        if name == "compute":
+            factor = eff.matmul / base.matmul
+            lines.append(
+                f"fitted compute: x{factor:.3f} on {hw.name}'s matmul and attention efficiency -> matmul "
+                f"{eff.matmul:.4g}, attention {eff.attention:.4g}"
+            )
+        elif hasattr(eff, name):
+            lines.append(f"fitted {name}: {getattr(base, name):.4g} -> {getattr(eff, name):.4g}")
+        else:
+            lines.append(f"fitted {name}: {getattr(hw.spec, name):.4g} -> {getattr(result.profile.spec, name):.4g}")
+    held = ", ".join(f"{n} {getattr(base, n):.4g}" for n in result.held if n != "compute" and hasattr(base, n))
+    info = result.profile.stack
+    if held:
+        lines.append(f"held at {hw.name}'s: {held}")
+    if info is not None and hw.spec.is_gpu and max(info.world_sizes) <= hw.spec.devices_per_node:
+        lines.append(
+            f"runs on one node (<= {hw.spec.devices_per_node} GPUs): no inter-node constant is identified; the "
+            f"inter-node links and network stay at {hw.name}'s, and predictions past one node say so"
+        )
+    lines.append(f"spread (tps_log_sd, the interval's +-1 sd): {eff.tps_log_sd:.4f}")
     return "\n".join(lines)
 
 

@@ -58,3 +58,40 @@ COVARIANCE: tuple[tuple[float, ...], ...] = (
 """Covariance of the log-multipliers of the fit to every row (the dropped async_tp_overlap left out)."""
 DIFF_LOG_SD = 0.1261
 """Spread of a predicted ratio of two layouts of one source and family (loo_report.difference_spread)."""
+
+STACKS: dict[str, dict[str, object]] = {
+    "torchtitan-h100": {
+        "hardware": "h100",
+        "efficiency": {},
+        "fitted": ("matmul", "attention", "float8_speedup", "memory_bandwidth", "network"),
+        "held": ("async_tp_overlap",),
+        "world_sizes": (8, 512),
+        "sources": ("every published row (plan/accuracy/published.py): the h100 family of the shipped fit",),
+    },
+    "nemo-h100-bf16": {
+        "hardware": "h100",
+        "efficiency": {"matmul": 0.7497, "attention": 0.3043, "tps_log_sd": 0.1},
+        "fitted": ("compute",),
+        "held": ("float8_speedup", "memory_bandwidth", "network", "async_tp_overlap"),
+        "world_sizes": (8,),
+        "sources": ("NVIDIA/dgxc-benchmarking 35a9aecc llama3.1/README_8b.md: 8B BF16, 8 x H100, 12.91 s/step",),
+    },
+    "nemo-h100-fp8": {
+        "hardware": "h100",
+        "efficiency": {"matmul": 0.7499, "attention": 0.3044, "float8_speedup": 1.7798, "tps_log_sd": 0.1},
+        "fitted": ("compute", "float8_speedup"),
+        "held": ("memory_bandwidth", "network", "async_tp_overlap"),
+        "world_sizes": (8,),
+        "sources": (
+            "NVIDIA/dgxc-benchmarking 35a9aecc llama3.1/README_8b.md: 8B BF16, 8 x H100, 12.91 s/step (compute)",
+            "the same README: 8B FP8, 8 x H100, 9.67 s/step (float8_speedup)",
+        ),
+    },
+}
+"""Stack profiles (plan/accuracy/stack.py): an implementation's constants on a preset's datasheet. ``efficiency``
+overrides the preset's family constants (fitted by plan/accuracy/stack_fit.py, which a test reruns); ``fitted`` is
+what the runs determined (``compute``: one factor on matmul and attention), ``held`` what stays at the preset's,
+``world_sizes`` the runs' range (one node's runs: every inter-node constant is held)."""
+SPLIT_LOG_SD = 0.1
+"""Spread of a stack profile fitted on one node predicting more: the NOMINAL quantile of |log error| of TorchTitan's
+multi-node rows predicted by its 8-GPU rows' calibration (plan/accuracy/split.py; a test recomputes it)."""

@@ -1,0 +1,121 @@
+"""Stack profiles (plan/accuracy/stack.py, stack_fit.py): an implementation's constants on a preset's datasheet, fitted
+to only what measured runs identify, written without tomli_w, read everywhere ``--hardware`` is."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from meshforge.cli import main
+from meshforge.plan import shipped
+from meshforge.plan.accuracy import stack, stack_fit
+from meshforge.plan.hardware import load_hardware
+from meshforge.plan.physics.estimate import estimate
+
+ROOT = Path(__file__).resolve().parents[2]
+NEMO_ARGS = (
+    "--model.flavor 8B --training.seq_len 8192 --training.local_batch_size 1 --training.gradient_accumulation_steps 32 "
+    "--parallelism.data_parallel_shard_degree 4 --parallelism.context_parallel_degree 2 "
+    "--parallelism.fsdp_reshard_after_forward never --gradient_sync.mode once_per_step "
+    "--training.mixed_precision_reduce bfloat16 --activation_checkpoint.mode none --compile.enable"
+)
+
+
+@pytest.mark.parametrize("name", ["nemo-h100-bf16", "nemo-h100-fp8"])
+def test_shipped_nemo_stacks_are_the_fit_of_their_rows(name: str) -> None:
+    """The shipped constants are what calibrating on the one published row (two for FP8) gives, to the rounding."""
+    hw = load_hardware("h100")
+    obs, sources = stack_fit.read_runs(ROOT / "configs" / "stacks" / f"{name}.toml", hw)
+    fitted = stack_fit.fit_stack(obs, hw, name, sources).profile
+    shipped_profile = stack.load_profile(name)
+    for key in shipped.STACKS[name]["efficiency"]:  # type: ignore[union-attr]
+        assert getattr(shipped_profile.efficiency, key) == pytest.approx(getattr(fitted.efficiency, key), abs=2e-4), key
+    assert shipped_profile.spec == hw.spec  # the datasheet is the preset's, untouched
+    assert fitted.stack is not None and fitted.stack.world_sizes == (8,)
+    for o in obs:  # the row is reproduced
+        assert estimate(o.layout, shipped_profile).tps_per_device == pytest.approx(o.tps_per_device, rel=0.01)
+
+
+def test_torchtitan_stack_is_the_shipped_h100_fit() -> None:
+    assert stack.load_profile("torchtitan-h100").efficiency == load_hardware("h100").efficiency
+
+
+def _runs_toml(path: Path, runs: list[tuple[int, str, float]]) -> Path:
+    body = "".join(
+        f'[[run]]\nname = "r{i}"\nworld_size = {w}\nargs = "{a}"\ntokens_per_s_per_device = {t}\n\n'
+        for i, (w, a, t) in enumerate(runs)
+    )
+    path.write_text(body)
+    return path
+
+
+def test_one_node_runs_leave_every_inter_node_constant_at_the_hardware(tmp_path: Path) -> None:
+    """Runs inside one 8-GPU node fit compute (and Float8) only: network and the links stay the preset's; a run over
+    two nodes lets the fit move network. Truth: a stack 1.3x TorchTitan's compute, 1.8 Float8, 0.6 network."""
+    hw = load_hardware("h100")
+    truth = replace(
+        hw,
+        efficiency=replace(
+            hw.efficiency,
+            matmul=hw.efficiency.matmul * 1.3,
+            attention=hw.efficiency.attention * 1.3,
+            float8_speedup=1.8,
+            network=0.6,
+        ),
+    )
+    fp8 = NEMO_ARGS + " --quantize.dense.float8.enable"
+    wide = NEMO_ARGS.replace("data_parallel_shard_degree 4", "data_parallel_shard_degree 8")
+    wide = wide.replace("fsdp_reshard_after_forward never", "fsdp_reshard_after_forward always")
+
+    def tps(world: int, args: str) -> float:
+        obs, _ = stack_fit.read_runs(_runs_toml(tmp_path / "one.toml", [(world, args, 1.0)]), hw)
+        return estimate(obs[0].layout, truth).tps_per_device
+
+    one = [(8, NEMO_ARGS, tps(8, NEMO_ARGS)), (8, fp8, tps(8, fp8))]
+    obs, _ = stack_fit.read_runs(_runs_toml(tmp_path / "node.toml", one), hw)
+    result = stack_fit.fit_stack(obs, hw, "s")
+    assert result.fitted == ("compute", "float8_speedup")
+    assert "network" in result.held
+    eff = result.profile.efficiency
+    assert eff.network == hw.efficiency.network  # not identified by one node: the hardware's
+    assert result.profile.spec == hw.spec
+    assert eff.matmul == pytest.approx(truth.efficiency.matmul, rel=0.02)
+    assert eff.float8_speedup == pytest.approx(1.8, rel=0.02)
+    assert result.determines == {"r0": ("compute",), "r1": ("float8_speedup",)}
+    two = [*one, (16, wide, tps(16, wide))]
+    obs, _ = stack_fit.read_runs(_runs_toml(tmp_path / "two.toml", two), hw)
+    result = stack_fit.fit_stack(obs, hw, "s")
+    assert "network" in result.fitted
+    assert result.profile.efficiency.network == pytest.approx(0.6, rel=0.1)
+
+
+def test_calibrate_cli_writes_a_stack_that_plans_at_scale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--calibrate RUNS.toml --out s.toml writes a profile (no tomli_w involved) that --hardware reads; a prediction
+    past the runs' one node carries an interval and says the inter-node constants are the hardware's."""
+    runs = _runs_toml(tmp_path / "runs.toml", [(8, NEMO_ARGS, 10153.0)])
+    out = tmp_path / "my-stack.toml"
+    assert main(["plan", "--calibrate", str(runs), "--hardware", "h100", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "fitted compute" in text and "no inter-node constant is identified" in text and out.is_file()
+    argv = ["plan", "--hardware", str(out), "--model.flavor", "70B", "--world-size", "64", "--json"]
+    argv += ["--parallelism.tensor_parallel_degree", "8", "--activation_checkpoint.mode", "full"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["tps_low"] < data["tps_per_device"] < data["tps_high"]
+    assert "never measured" in data["stack_note"]
+    half = math.log(data["tps_high"] / data["tps_per_device"])
+    assert half >= shipped.SPLIT_LOG_SD - 1e-3  # at least the one-node -> multi-node spread
+
+
+def test_stack_file_round_trip_and_bad_table(tmp_path: Path) -> None:
+    profile = stack.load_profile("nemo-h100-fp8")
+    path = tmp_path / "s.toml"
+    stack.save(profile, path)
+    assert stack.load_profile(str(path)) == profile
+    path.write_text(path.read_text().replace("[stack]", "[stack]\nwhat = 1"))
+    with pytest.raises(Exception, match=r"\[stack\]: unknown key 'what'"):
+        stack.load_profile(str(path))
