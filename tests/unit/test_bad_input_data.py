@@ -139,3 +139,31 @@ def test_training_on_a_flipped_shard_ends_in_one_line(dataset: Path, capsys: pyt
     assert meshforge_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has another sha256 than the manifest's" in err[0], err
+
+
+def test_the_loader_asks_for_its_next_batches_shards_first() -> None:
+    """The loader's look-ahead: at construction the first LOOK_AHEAD + 1 batches' windows, then after each batch the
+    one LOOK_AHEAD further, are handed to the stream to check first; nothing once the stream has nothing to check."""
+    import numpy as np
+
+    from meshforge.data.loader import LOOK_AHEAD, ArrayStream, PackedDataLoader
+
+    class Checked(ArrayStream):
+        checking = True
+
+        def want(self, starts: list[int]) -> None:
+            self.asked += starts
+
+    stream = Checked(np.arange(10_000) % 97)
+    stream.asked = []
+    loader = PackedDataLoader(stream, seq_len=16, local_batch_size=3, dp_rank=1, dp_degree=2, seed=5)
+    read: list[int] = []
+    for _ in range(LOOK_AHEAD + 3):
+        loader.next_batch()
+        read += [int(i) * 16 for i in loader.sample_ids()]
+    # asked: every batch read, in order, and the LOOK_AHEAD + 1 after the last one read (the next and L more)
+    assert stream.asked[: len(read)] == read and len(stream.asked) == len(read) + (LOOK_AHEAD + 1) * 3
+    stream.checking = False
+    before = len(stream.asked)
+    loader.next_batch()
+    assert len(stream.asked) == before

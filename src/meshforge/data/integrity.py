@@ -158,6 +158,11 @@ class ShardChecker:
                 self.busy.discard(i)
                 self.done.notify_all()
 
+    def want(self, shards: list[int]) -> None:
+        """Hash these shards next, after those a read waits for (the loader's look-ahead: its next batches')."""
+        with self.done:
+            self.wanted += [i for i in shards if i not in self.results and i not in self.busy]
+
     def wait(self, i: int) -> None:
         """Return when shard i's bytes are checked; ConfigError (one line) when they are damaged."""
         if os.getpid() != self.pid:  # a forked child has no reader thread (nor a usable lock): check here
@@ -167,7 +172,7 @@ class ShardChecker:
         else:
             with self.done:
                 if i not in self.results:
-                    self.wanted.append(i)
+                    self.wanted.insert(0, i)  # a read waits: before any look-ahead
                     self.done.wait_for(lambda: i in self.results)
                 problem = self.results[i]
         if problem:

@@ -68,6 +68,10 @@ def document_positions(starts: np.ndarray, seq_len: int) -> np.ndarray:
     return index - segment_start
 
 
+LOOK_AHEAD = 4
+"""Batches ahead whose shards the loader asks the reader threads to check first (data/integrity.py ShardChecker)."""
+
+
 class PackedDataLoader:
     """Batches of packed samples for one data-parallel rank, in a globally consistent order.
 
@@ -117,6 +121,8 @@ class PackedDataLoader:
         self.counts = np.zeros(len(self.streams), dtype=np.int64)
         self._last = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._positions: torch.Tensor | None = None
+        for ahead in range(LOOK_AHEAD + 1):  # the first batches' shards are checked first (data/integrity.py)
+            self.look_ahead(ahead)
 
     @property
     def global_position(self) -> int:
@@ -163,7 +169,24 @@ class PackedDataLoader:
         position = self.global_position
         self._last = (ids, streams[mine], np.arange(position, position + total, dtype=np.int64)[mine])
         self.counts += np.bincount(streams, minlength=len(self.streams))
+        self.look_ahead(LOOK_AHEAD)
         return torch.from_numpy(windows[:, :-1].copy()), torch.from_numpy(windows[:, 1:].copy())
+
+    def look_ahead(self, batches: int) -> None:
+        """Ask the prepared streams to check the shards of this rank's batch ``batches`` after the next one before
+        it is read (their sha256 runs on reader threads, off the step's path)."""
+        wants = [
+            getattr(stream, "want", None) if getattr(stream, "checking", False) else None for stream in self.streams
+        ]
+        if not any(wants):  # nothing left to check: no cost at all
+            return
+        b, total = self.local_batch_size, self.dp_degree * self.local_batch_size
+        streams, indices = self._assign((batches + 1) * total)
+        mine = slice(batches * total + self.dp_rank * b, batches * total + (self.dp_rank + 1) * b)
+        for s, i in zip(streams[mine], indices[mine], strict=True):
+            want = wants[int(s)]
+            if want is not None:
+                want([self._sample(int(s), int(i)) * self.seq_len])
 
     def positions(self) -> torch.Tensor:
         """In-document positions (local_batch_size, seq_len) of the last batch (needs with_positions)."""

@@ -256,6 +256,16 @@ class PreparedSplit:
             raise ConfigError(f"shard {str(path)!r} cannot be opened ({error}): {hint}") from None
 
     @property
+    def checking(self) -> bool:
+        """True while the reader threads have shards left to hash."""
+        return self._checker is not None and len(self._checker.results) < len(self.shard_names)
+
+    def want(self, starts: list[int]) -> None:
+        """Check the shards holding these token positions next (the loader's look-ahead; nothing without checks)."""
+        if self._checker is not None:
+            self._checker.want([int(np.searchsorted(self.starts, s, side="right")) - 1 for s in starts])
+
+    @property
     def fingerprint(self) -> str:
         """The fingerprint of the tokenizer the shards were made with."""
         return str(self.manifest["tokenizer"]["fingerprint"])
