@@ -203,3 +203,19 @@ def test_the_groups_never_launch_groups_again(tmp_path: Path, monkeypatch: pytes
         args, overrides = train_cli.parse(cmd[cmd.index("train") + 1 :])
         config = load_config(args.config, overrides)
         assert config.fault_tolerance.local_replicas == 0 and config.fault_tolerance.group_size == 2, cmd
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("checkpoint.interval_seconds", "nan"), ("checkpoint.interval_seconds", "inf"), ("optimizer.lr", "nan")],
+)
+def test_a_non_finite_number_is_refused_from_the_command_line_and_toml(
+    key: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """nan passes every `< 0` check (elastic resume's interval_seconds = nan never saved): refused where it enters."""
+    assert cli.main(["config", "show", f"--{key}", value]) == 2
+    section, name = key.split(".")
+    (tmp_path / "c.toml").write_text(f"[{section}]\n{name} = {value}\n")
+    assert cli.main(["config", "show", "--config", str(tmp_path / "c.toml")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"meshforge config: config error: {key} = {value} must be a finite number"] * 2, lines

@@ -6,6 +6,7 @@ Every user mistake raises ``ConfigError`` (a ValueError) with one line naming th
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -170,6 +171,8 @@ def check_type(key: str, value: Any, typ: Any) -> Any:
         return [check_type(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if typ is float and isinstance(value, float) and not math.isfinite(value):  # nan / inf pass every range check
+        raise ConfigError(f"{key} = {value} must be a finite number")
     if typ is type(None) and value is None:
         return None
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
