@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from meshforge.config.io import ConfigError, load_config
 from meshforge.plan import report, shipped
-from meshforge.plan.accuracy import calibrate, folds, loo, loo_report, production, published, stack, stack_fit
+from meshforge.plan.accuracy import at_scale, calibrate, folds, loo, loo_report, production, published, stack, stack_fit
 from meshforge.plan.accuracy.interval import interval
 from meshforge.plan.guide import cli as guide_cli
 from meshforge.plan.hardware import HardwareProfile, auto_param_dtype, preset_names
@@ -146,6 +146,7 @@ def run_article(opts: argparse.Namespace) -> int:
                 }
                 for row, e, mode in production.predict_cross_stack()
             ],
+            "at_scale": at_scale.as_json(),
         }
         print(json.dumps(out, indent=2))
         return 0
@@ -155,6 +156,7 @@ def run_article(opts: argparse.Namespace) -> int:
     print(report.format_fit_statistics(stats))
     print("\n" + production.format_held_out(held_out))
     print("\n" + production.format_cross_stack(production.predict_cross_stack()))
+    print("\n" + at_scale.format_at_scale())
     return 0
 
 
