@@ -219,3 +219,22 @@ def test_a_non_finite_number_is_refused_from_the_command_line_and_toml(
     assert cli.main(["config", "show", "--config", str(tmp_path / "c.toml")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"meshforge config: config error: {key} = {value} must be a finite number"] * 2, lines
+
+
+def test_a_lighthouse_that_never_answers_a_quorum_is_named_as_such(capsys: pytest.CaptureFixture[str]) -> None:
+    """The first quorum timing out is not 'every group lost' (nothing was): one line naming the Lighthouse, exit 5."""
+    group = stuck_group(min_replica_size=1, init_timeout=3, participants=0)
+
+    def times_out() -> None:
+        raise TimeoutError("status: Cancelled, message: Timeout expired")
+
+    group.manager.start_quorum = times_out
+    with pytest.raises(SystemExit) as stopped:
+        group.start_step()
+    assert stopped.value.code == ft.NO_QUORUM_EXIT
+    err = capsys.readouterr().err.strip()
+    assert "no quorum formed within comm.init_timeout_seconds = 3 s" in err and "127.0.0.1:29510" in err, err
+    assert "lost" not in err and len(err.splitlines()) == 1, err
+    group.committed = time.perf_counter()  # after a commit, a failing quorum is a lost group: the resume line
+    with pytest.raises(SystemExit, match="The last committed step is 0; resume by relaunching the groups"):
+        group.start_step()

@@ -290,6 +290,9 @@ class FaultTolerance:
         except ConfigError:
             raise
         except Exception as exc:
+            if not self.committed:  # no quorum ever formed: nothing was lost, the Lighthouse never answered one
+                report_once(self.never_formed(exc))
+                raise SystemExit(NO_QUORUM_EXIT) from None
             raise SystemExit(self.lost(exc)) from None
         self.quorum_s = time.perf_counter() - began
         if self.recovered is not None:
@@ -418,6 +421,15 @@ class FaultTolerance:
             f"every replica group is lost or the Lighthouse at {self.cfg.fault_tolerance.lighthouse} is gone. The last "
             f"committed step is {step}; resume by relaunching the groups (with checkpoint.enable they continue from "
             "the newest DCP checkpoint)"
+        )
+
+    def never_formed(self, exc: Exception) -> str:
+        """The line a group ends with when its first quorum did not form within comm.init_timeout_seconds."""
+        return (
+            f"meshforge: fault tolerance: no quorum formed within comm.init_timeout_seconds = "
+            f"{self.cfg.comm.init_timeout_seconds} s ({type(exc).__name__}: {str(exc)[:120]}): the Lighthouse at "
+            f"{self.cfg.fault_tolerance.lighthouse} answered none; check that it is a `meshforge ft lighthouse` "
+            "whose --min-replicas the running groups can meet"
         )
 
     def close(self) -> None:
