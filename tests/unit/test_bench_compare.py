@@ -115,6 +115,12 @@ def test_agreement_of_two_sweeps(sweeps: tuple[str, str]) -> None:
     crowded = {"c": record("c", 100, 0.01, 25) | {"oversubscribed": True}}
     moved = {"c": record("c", 70, 0.01, 26) | {"oversubscribed": True}}
     verdict, aside = compare.agreement({**same, **crowded}, {**{n: new[n] for n in same}, **moved}, 0.10, 0.95)
+    narrow = {n: r | {"tps_per_device_ci_half_width": 0.04} for n, r in same.items()}
+    wide = {**narrow, "slightly": narrow["slightly"] | {"tps_per_device_ci_half_width": 0.06}, **crowded}
+    assert (
+        compare.precision_line(narrow, wide)
+        == "Intervals within +-5% (runs with a core per rank): old 2 of 2, new 1 of 2"
+    )
     assert "sweeps agree" in verdict and "2 of 2 runs" in verdict and ": c -29.7%" in aside  # seeded records
 
 

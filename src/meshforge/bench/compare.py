@@ -138,6 +138,7 @@ def main(argv: list[str]) -> int:
             print(f"\n{label}: {', '.join(names)}")
     print("\n" + "\n".join(agreement(old, new, args.agree, args.confidence)))
     print("\n".join(speed_lines(args.old, args.new, old, new, args.agree, args.confidence)))
+    print(precision_line(old, new))
     print(f"\n{len(regressions)} regression(s){': ' + ', '.join(regressions) if regressions else ''}")
     return 1 if regressions else 0
 
@@ -179,6 +180,16 @@ def agreement(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], wi
     if crowded:
         lines.append(f"Not in the verdict (more ranks than cores, not ranked on speed): {', '.join(moved)}")
     return lines
+
+
+def precision_line(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]], target: float = 0.05) -> str:
+    """How many runs of each sweep (those with a core per rank) have an interval within +-``target``."""
+    cells = []
+    for label, runs in (("old", old), ("new", new)):
+        ranked = [r for r in runs.values() if not r.get("oversubscribed")]
+        within = [r for r in ranked if (r.get("tps_per_device_ci_half_width") or float("inf")) <= target]
+        cells.append(f"{label} {len(within)} of {len(ranked)}")
+    return f"Intervals within +-{target:.0%} (runs with a core per rank): {', '.join(cells)}"
 
 
 def machine_speed(path: str) -> float | None:
