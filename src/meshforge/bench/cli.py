@@ -96,6 +96,8 @@ def main(argv: list[str]) -> int:
     matrix = dataclasses.replace(matrix, repeat=args.repeat or matrix.repeat)
     out = Path(args.out or f"outputs/bench/{matrix.name}")
     launch = make_launch(args)
+    if launch.nnodes > 1:  # every node's driver must start the same jobs: a fixed count, no data-driven stopping
+        matrix = dataclasses.replace(matrix, max_repeat=0)
     check_train_args(matrix)
     only = [n for n in args.only.split(",") if n]
     if args.list:
