@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     try:
+        if name == "train" and "--parallelism.auto" in rest:  # the planner picks; train/ never imports plan/
+            from meshforge.plan.guide.auto import resolve_train_argv
+
+            rest = resolve_train_argv(rest)
         return int(module.main(rest))
     except ConfigError as exc:
         print(f"meshforge {name}: config error: {exc}", file=sys.stderr)
