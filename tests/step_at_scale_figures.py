@@ -24,12 +24,13 @@ HSDP = ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data
 
 
 def reads() -> dict[str, Any]:
-    from test_host_reads import LAYOUTS
+    from test_host_reads import LAYOUTS, LB, _fault_tolerant
 
     out: dict[str, Any] = {}
-    for name, (world, args) in LAYOUTS.items():
+    runs = [(name, count_host_reads, world, args) for name, (world, args) in LAYOUTS.items()]
+    for name, fn, world, args in [*runs, ("fault tolerant (1 group of fsdp 2)", _fault_tolerant, 2, LB)]:
         try:
-            ranks = run_ranks(count_host_reads, world, args)
+            ranks = run_ranks(fn, world, args)
         except Exception as exc:  # a layout the checkout cannot run
             out[name] = f"error: {str(exc).splitlines()[0][:120]}"
             continue
@@ -43,9 +44,10 @@ def exchange_bytes() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for layout, world, extra in (("fsdp 2", 2, []), ("hsdp 2x2", 4, HSDP)):
         for ga in (1, 4, 16):
-            for mode in ("every_microstep", "once_per_step") if ga > 1 else ("once_per_step",):
+            for mode in ("every_microstep", "once_per_step", "once_per_step keep") if ga > 1 else ("once_per_step",):
                 args = ["--training.local_batch_size", "1", "--training.gradient_accumulation_steps", str(ga)]
-                args += ["--training.steps", "2", *extra, "--gradient_sync.mode", mode]
+                args += ["--training.steps", "2", *extra, "--gradient_sync.mode", mode.split()[0]]
+                args += ["--gradient_sync.regather", "keep"] if mode.endswith("keep") else []
                 try:
                     steps = run_ranks(count_collectives, world, args)[0]["steps"]
                 except Exception as exc:

@@ -33,8 +33,7 @@ _FUNCTIONS: dict[str, tuple[str, int, str]] = {
     "all_to_all_single": ("all_to_all", 1, "input"),
     "broadcast": ("broadcast", 0, "tensor"),
     "send": ("send", 0, "tensor"),
-    "isend": ("send", 0, "tensor"),
-}
+}  # not isend / irecv: torch's P2POp (the pipeline schedules' batched sends) accepts only the original functions
 # torch.distributed._functional_collectives (DTensor's redistributions, expert parallel's all-to-all) -> (collective,
 # index of the group argument)
 _FUNCTIONAL: dict[str, tuple[str, int]] = {

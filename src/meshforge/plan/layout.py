@@ -58,6 +58,10 @@ class Layout:
     float8_all_gather: bool = True
     async_tp: bool = False
     reshard_after_forward: bool = True
+    gradient_sync: str = "every_microstep"
+    """[gradient_sync] mode (auto: the planner decides by memory, plan/physics/grad_sync.py); every_microstep for
+    rows of other stacks, which exchange gradients every micro-step; regather: its keep / reshard."""
+    regather: str = "reshard"
     param_dtype: str = "bfloat16"
     reduce_dtype: str = "float32"
     cp_impl: str = "auto"
@@ -201,6 +205,8 @@ def layout_from_config(
         loss_chunks=cfg.training.loss_chunks,
         activation_offload=cfg.activation_checkpoint.offload,
         cpu_offload=cfg.training.enable_cpu_offload,
+        gradient_sync=cfg.gradient_sync.mode,
+        regather="keep" if cfg.gradient_sync.regather == "keep" else "reshard",
         model=None if model_args == get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len) else model_args,
     )
     if layout.world_size != world_size:

@@ -20,7 +20,7 @@ from meshforge.model.flavors import ModelArgs, flops_per_token
 from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, check_layout, layout_args, stage_layer_counts
-from meshforge.plan.physics import comm, levers, schedules
+from meshforge.plan.physics import comm, grad_sync, levers, schedules
 from meshforge.plan.physics.comm import exposed
 from meshforge.plan.physics.memory import OPTIMIZER_TRAFFIC_PER_PARAM, block_modes
 from meshforge.plan.physics.moe import moe_estimate
@@ -244,9 +244,8 @@ def fsdp_exposed(args: ModelArgs, layout: Layout, hw: HardwareProfile, rt: RankT
     root_numel = root_full_numel(args, layout, rt.parts)
     ag = comm.all_gather(gathered_layer_bytes(args, layout), layout.fsdp_size, link)
     rs = comm.reduce_scatter(layer_numel * r, layout.fsdp_size, link)
-    root = comm.all_gather(root_numel * e, layout.fsdp_size, link) + comm.reduce_scatter(
-        root_numel * r, layout.fsdp_size, link
-    )
+    root_ag = comm.all_gather(root_numel * e, layout.fsdp_size, link)
+    root = root_ag + comm.reduce_scatter(root_numel * r, layout.fsdp_size, link)
     if layout.dp_replicate > 1:
         rep = comm.axis_link(layout, ("dp_replicate",), hw)
         rs += comm.all_reduce(layer_numel * r / layout.fsdp_size, layout.dp_replicate, rep)
@@ -258,9 +257,21 @@ def fsdp_exposed(args: ModelArgs, layout: Layout, hw: HardwareProfile, rt: RankT
     gather = ag + (layers - 1) * exposed(ag, fwd)
     if layout.pp > 1:  # gathered once per step, reduced once after the last microbatch (the stage's post-backward)
         return gather + layers * rs + root
+    n = layout.num_microbatches
+    if grad_sync.once(layout):  # the last micro-step exchanges; the others gather (parallel/gradient_sync.py)
+        if not layout.reshard_after_forward:
+            return gather + (n - 1) * root_ag + layers * exposed(rs, bwd) + rs + root
+        regather = 0.0 if layout.regather == "keep" else gather  # keep: gathered from the backward before
+        return (
+            gather
+            + (n - 1) * (regather + layers * exposed(ag, bwd) + root_ag)
+            + layers * exposed(ag + rs, bwd)
+            + rs
+            + root
+        )
     if layout.reshard_after_forward:
-        return layout.num_microbatches * (gather + layers * exposed(ag + rs, bwd) + rs + root)
-    return gather + layout.num_microbatches * (layers * exposed(rs, bwd) + rs + root)
+        return n * (gather + layers * exposed(ag + rs, bwd) + rs + root)
+    return gather + n * (layers * exposed(rs, bwd) + rs + root)
 
 
 def root_full_numel(args: ModelArgs, layout: Layout, parts: RankParts) -> int:
@@ -368,6 +379,7 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
     args = layout_args(layout)
     check_layout(layout, args)
     check_hardware(layout, hw)
+    layout = grad_sync.resolve(args, layout, hw)  # gradient_sync = auto: once per step where it fits
     r = rates(layout, hw)
     ranks = sorted({0, layout.pp - 1} | set(range(min(layout.pp, 4))))
     slowest = max((rank_time(args, layout, hw, r, k) for k in ranks), key=lambda t: t.busy)

@@ -160,10 +160,15 @@ def rank_allocated(args: ModelArgs, layout: Layout, rank: int) -> PeakTerms:
     if layout.pp > 1:
         act = saved + max(transient, loss)
         return PeakTerms(params, 0.0, opt, act, g.kept + g.accumulated + g.p2p, "pipeline", host)
-    phases = (
-        PeakTerms(params, 0.0, opt, saved + loss, g.kept, "loss", host),
-        PeakTerms(params, 0.0, opt, saved + transient, g.kept + g.prefetch + g.root + g.block_grad, "block", host),
-        PeakTerms(params, device * STATE_BYTES["grads"], opt, transient + per_layer, g.end, "end", host),
+    acc = g.accumulated  # gradient_sync once per step: the earlier micro-steps' unsharded gradients
+    phases: tuple[PeakTerms, ...] = (
+        # regather = keep: a backward ends with every block gathered, until the next forward reshards each
+        PeakTerms(params, 0.0, opt, 0.0, g.regathered + acc, "kept gathered", host),
+        PeakTerms(params, 0.0, opt, saved + loss, g.kept + acc, "loss", host),
+        PeakTerms(
+            params, 0.0, opt, saved + transient, g.kept + g.prefetch + g.root + g.block_grad + acc, "block", host
+        ),
+        PeakTerms(params, device * STATE_BYTES["grads"], opt, transient + per_layer, g.end + acc, "end", host),
     )
     return max(phases, key=lambda t: t.total)
 
@@ -183,8 +188,9 @@ def loss_bytes(args: ModelArgs, layout: Layout, tokens: float) -> float:
 class Gathered:
     """Communication buffers (bytes): the weights FSDP keeps gathered after forward, the next block it prefetches in
     backward, the root gathered with the output's unsharded gradient, one block's unsharded gradient, what is live at
-    the end of the backward, the microbatches' accumulated unsharded gradients (PP), the pipeline send / receive
-    buffers."""
+    the end of the backward, the microbatches' (PP) or micro-steps' (gradient_sync once per step) accumulated
+    unsharded gradients, the pipeline send / receive buffers, every block kept gathered between micro-steps
+    (gradient_sync regather = keep)."""
 
     kept: float = 0.0
     prefetch: float = 0.0
@@ -193,6 +199,13 @@ class Gathered:
     end: float = 0.0
     accumulated: float = 0.0
     p2p: float = 0.0
+    regathered: float = 0.0
+
+
+def gradient_sync_once(layout: Layout) -> bool:
+    """gradient_sync once per step in effect: the non-last micro-steps skip the exchange (plan/physics/grad_sync.py;
+    pipeline stages keep torch's schedule's own)."""
+    return layout.gradient_sync == "once_per_step" and layout.pp == 1 and layout.grad_accum > 1
 
 
 def _gathered(args: ModelArgs, layout: Layout, parts: RankParts) -> Gathered:
@@ -210,7 +223,8 @@ def _gathered(args: ModelArgs, layout: Layout, parts: RankParts) -> Gathered:
     block = gathered_layer_bytes(args, layout)
     keep_all = layout.pp > 1 or not layout.reshard_after_forward
     kept = parts.layers * block + root_numel * e if keep_all else min(1, parts.layers) * block
-    accumulated = (parts.layers * layer_numel + root_numel) * r if layout.pp > 1 else 0.0
+    # the microbatches' (PP) or the micro-steps' (gradient_sync once per step) unsharded gradients, accumulated
+    accumulated = (parts.layers * layer_numel + root_numel) * r if layout.pp > 1 or gradient_sync_once(layout) else 0.0
     return Gathered(
         kept=kept,
         prefetch=0.0 if keep_all else block * (parts.layers > 1),
@@ -219,4 +233,7 @@ def _gathered(args: ModelArgs, layout: Layout, parts: RankParts) -> Gathered:
         end=kept + head_numel * e if keep_all else (root_numel + head_numel) * e + layer_numel * (e + r),
         accumulated=accumulated,
         p2p=p2p,
+        regathered=parts.layers * block + root_numel * e
+        if gradient_sync_once(layout) and layout.regather == "keep"
+        else 0.0,
     )
