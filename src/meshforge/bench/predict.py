@@ -24,10 +24,16 @@ from meshforge.plan.accuracy import calibrate, folds, stack
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.physics.estimate import estimate
 
-PREDICT_SOURCES = ("plan/accuracy/calibrate.py", "plan/shipped.py", "bench/predict.py", "device/peak.py")
+PREDICT_SOURCES = (
+    "plan/accuracy/calibrate.py",
+    "plan/accuracy/stack.py",
+    "plan/shipped.py",
+    "bench/predict.py",
+    "device/peak.py",
+)
 """Besides plan/accuracy/folds.PREDICTION_SOURCES (every module on the planner's prediction path), what these
-predictions run: the calibration, the shipped GPU constants (a GPU preset's start), this file, and the CPU probe behind
-the ``cpu`` preset's peaks."""
+predictions run: the calibration, the profile reader (a preset, a shipped stack or a stack file), the shipped GPU
+constants (a GPU preset's start), this file, and the CPU probe behind the ``cpu`` preset's peaks."""
 MIN_TRAINING_RUNS = 2
 """Fewer other runs than this and the fit is not attempted (a run's prediction is then left empty)."""
 

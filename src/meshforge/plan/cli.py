@@ -124,6 +124,8 @@ def run_article(opts: argparse.Namespace) -> int:
             "method": "leave-one-out: every fold refitted from the neutral start (plan/accuracy/loo.py NEUTRAL)",
             "fit": stats,
             "coverage": loo_report.coverage(v),
+            "coverage_held_out": loo_report.honest_coverage(v),
+            "loso_summary": loo.summary(v.loso),
             "rows": [_article_row(held, ins) for held, ins in zip(v.loo, v.in_sample, strict=True)],
             "held_out": [
                 {
@@ -152,6 +154,7 @@ def run_article(opts: argparse.Namespace) -> int:
         return 0
     print("Every published row, predicted by the constants fitted to all the others (honest leave-one-out):\n")
     print(loo_report.format_validation(v))
+    print("\n" + loo_report.format_honest_coverage(v))
     print("\nThe fit to every row (from the neutral start):")
     print(report.format_fit_statistics(stats))
     print("\n" + production.format_held_out(held_out))

@@ -17,13 +17,13 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from meshforge.plan.accuracy import fit, loo
+from meshforge.plan.accuracy import fit, loo, published
 from meshforge.plan.accuracy.loo import Fitted, Prediction
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,8 @@ PREDICTION_SOURCES = (
 """Modules under src/meshforge whose code moves a prediction or a fit. What else importing the planner loads (the
 config schema, the hf_config reader) reaches a prediction only through the resolved layouts, which the key hashes."""
 COMMITTED = Path(__file__).with_name("loo_folds.json")
-FORMAT = 1
+FORMAT = 2
+"""2: with the leave-one-source-out folds (``source_folds``)."""
 
 
 def source_digest(extra: Sequence[str] = ()) -> str:
@@ -104,16 +105,41 @@ def _load(record: dict[str, Any]) -> Any:
 
 
 def compute(obs: Sequence[fit.Observation], workers: int = 1) -> dict[str, Any]:
-    """Every fold, refitted from the neutral start (the slow path), as the cache stores it."""
+    """Every fold (one per row, one per source), refitted from the neutral start (the slow path), as stored."""
     full = loo.fit_rows(obs)
     names = [o.name for o in obs]
+    groups = source_groups(obs)
+    jobs = [(_fold, (obs, n)) for n in names] + [(_source_fold, (obs, keys)) for keys in groups.values()]
     if workers > 1:
         context = multiprocessing.get_context("fork")
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            fitted = list(pool.map(_fold, [(obs, n) for n in names]))
+            done = list(pool.map(_run, jobs))
     else:
-        fitted = [_fold((obs, n)) for n in names]
-    return {"key": cache_key(obs), "full": _dump(full), "folds": dict(zip(names, fitted, strict=True))}
+        done = [_run(job) for job in jobs]
+    return {
+        "key": cache_key(obs),
+        "full": _dump(full),
+        "folds": dict(zip(names, done[: len(names)], strict=True)),
+        "source_folds": dict(zip(groups, done[len(names) :], strict=True)),
+    }
+
+
+def _run(job: tuple[Any, Any]) -> dict[str, Any]:
+    return job[0](job[1])
+
+
+def source_groups(obs: Sequence[fit.Observation]) -> dict[str, list[str]]:
+    """{source: its rows' keys}, the sources in order (plan/accuracy/published.py)."""
+    out: dict[str, list[str]] = {}
+    for o in obs:
+        out.setdefault(published.run(o.name).source, []).append(o.name)
+    return out
+
+
+def _source_fold(job: tuple[Sequence[fit.Observation], list[str]]) -> dict[str, Any]:
+    """The fit to every row of the other sources, from the neutral start (a source's near-twin rows all left out)."""
+    obs, keys = job
+    return _dump(loo.fit_rows([o for o in obs if o.name not in keys], loo.neutral()))
 
 
 def _fold(job: tuple[Sequence[fit.Observation], str]) -> dict[str, Any]:
@@ -129,8 +155,9 @@ def read(path: Path, key: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("key") == key else None
 
 
-def load_or_fit(obs: Sequence[fit.Observation]) -> tuple[Any, dict[str, Any]]:
-    """(the fit to all rows, {row: its fold}): read back where the key matches, else refitted (and cached)."""
+def load_or_fit(obs: Sequence[fit.Observation]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(the fit to all rows, {row: its fold}, {source: its fold}): read back where the key matches, else refitted
+    (and cached)."""
     key = cache_key(obs)
     data = read(COMMITTED, key) or read(_user_cache(key), key)
     if data is None:
@@ -141,7 +168,8 @@ def load_or_fit(obs: Sequence[fit.Observation]) -> tuple[Any, dict[str, Any]]:
             path.write_text(json.dumps(data))
         except OSError:  # a read-only home: refit next time
             pass
-    return _load(data["full"]), {name: _load(rec) for name, rec in data["folds"].items()}
+    folds = {name: _load(rec) for name, rec in data["folds"].items()}
+    return _load(data["full"]), folds, {name: _load(rec) for name, rec in data["source_folds"].items()}
 
 
 @dataclass
@@ -153,15 +181,18 @@ class Validation:
     loo: list[Prediction]
     folds: dict[str, Fitted]
     """Each row's fold: the constants fitted without it, from the neutral start."""
+    loso: list[Prediction] = field(default_factory=list)
+    """Leave-one-source-out: each row predicted by the fit to the other sources' rows (its near twins left out)."""
 
 
 def validation() -> Validation:
     """The honest leave-one-out (plan --article, the tests): cached folds where their key matches, else refitted."""
     obs = loo.observations()
-    full, per_row = load_or_fit(obs)
+    full, per_row, per_source = load_or_fit(obs)
     in_sample = [loo.predict(o, full.profile_for(o)) for o in obs]
     held_out = [loo.predict(o, per_row[o.name].profile_for(o)) for o in obs]
-    return Validation(full, in_sample, held_out, per_row)
+    loso = [loo.predict(o, per_source[published.run(o.name).source].profile_for(o)) for o in obs]
+    return Validation(full, in_sample, held_out, per_row, loso)
 
 
 def main() -> int:

@@ -78,6 +78,12 @@ _405B_2D = f"{_SEQ} --model.flavor 405B --training.local_batch_size 2 --parallel
 )
 _8B_TP = f"{_8B} --training.local_batch_size 12 --parallelism.tensor_parallel_degree 8 --compile.enable"
 _NO_SEQ = "sequence length not stated: the preset's 8192"
+_TRAINY = (
+    "force_recompute_fp8_weight_in_bwd (not modelled); loss compiled: the source's command passes --training.compile "
+    "(pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md @ cbccb387871a, lines 26-33) at "
+    "its stated torchtitan e7c0cae934df78d6e9c2835f42ff1f757dc3fddc (line 54), whose "
+    "torchtitan/components/loss.py lines 27-29 torch.compile the loss when training.compile is set"
+)
 _B200 = "power limit not stated (the b200 preset's family factor absorbs it); loss compiled (torchtitan 6fc499f)"
 _MB = "microbatches: TorchTitan 9dec370's default, one per pipeline rank (8)"
 
@@ -322,7 +328,7 @@ RUNS: tuple[Run, ...] = (
         f"{_T1} {_FAST}",
         10938,
         47.96,
-        reading="force_recompute_fp8_weight_in_bwd (not modelled); loss compiled (torchtitan e7c0cae)",
+        reading=_TRAINY,
         compiled_loss=True,
     ),
     _run(
@@ -334,7 +340,7 @@ RUNS: tuple[Run, ...] = (
         f"{_T1} {_FAST}",
         10753,
         46.97,
-        reading="force_recompute_fp8_weight_in_bwd (not modelled); loss compiled (torchtitan e7c0cae)",
+        reading=_TRAINY,
         compiled_loss=True,
     ),
     # torchao's MX README on B200 (8 x B200 power limited, batch 1, seq 8192, compile, FSDP2, per-op SAC)
