@@ -13,7 +13,7 @@ import pytest
 
 from meshforge.cli import main
 from meshforge.plan import shipped
-from meshforge.plan.accuracy import at_scale, loo, stack, stack_fit
+from meshforge.plan.accuracy import at_scale, folds, loo, loo_report, stack, stack_fit
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.physics.estimate import estimate
 
@@ -171,3 +171,21 @@ def test_held_out_coverage_of_a_simulated_spread_is_nominal() -> None:
     assert cov_wide["inside"] == pytest.approx(0.683, abs=0.05)  # the wide half alone: still nominal
     mixed = at_scale.held_out_coverage(wide)
     assert mixed["rows"] == 200 and mixed["sources"] == 40
+
+
+def test_leave_one_source_out_leaves_the_whole_source_out() -> None:
+    """Each row's leave-one-source-out prediction comes from the fit without every row of its source (recomputed for
+    the two-row H200 source against the cache), and differs from its leave-one-out one where the source has twins."""
+    v = folds.validation()
+    assert [p.key for p in v.loso] == [p.key for p in v.loo]
+    obs = loo.observations()
+    groups = folds.source_groups(obs)
+    cached = folds.load_or_fit(obs)[2]["tt-trainy-h200"].time.scale
+    refit = folds._source_fold((obs, groups["tt-trainy-h200"]))["scale"]
+    assert refit == pytest.approx(cached, rel=1e-6)
+    assert "family:h200" not in refit  # no H200 row left to fit its family factor
+    twins = [k for keys in groups.values() if len(keys) > 1 for k in keys]
+    moved = [a.key for a, b in zip(v.loo, v.loso, strict=True) if a.key in twins and a.tps_error != b.tps_error]
+    assert len(moved) == len(twins)
+    cov = loo_report.honest_coverage(v)
+    assert cov["loso"]["rows"] == cov["loo"]["rows"] == len(obs) and 0 < cov["loso"]["inside"] <= 1

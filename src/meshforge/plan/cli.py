@@ -87,6 +87,9 @@ def main(argv: list[str]) -> int:
     if opts.search:
         result = search(layout, opts.world_size, hw)
         print(json.dumps(report.search_json(result, hw), indent=2) if opts.json else report.format_search(result, hw))
+        note = report.stack_note(result.best, hw) if result.ranked and not opts.json else ""
+        if note:
+            print(note)
         return 0
     est = estimate(layout, hw)
     iv = interval(est, hw)
