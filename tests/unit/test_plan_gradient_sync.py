@@ -10,8 +10,8 @@ import dataclasses
 from meshforge.config.io import load_config
 from meshforge.plan.hardware import load_hardware
 from meshforge.plan.layout import layout_args, layout_from_config
-from meshforge.plan.physics import grad_sync
 from meshforge.plan.physics.estimate import estimate
+from meshforge.plan.physics.peak import resolve_gradient_sync
 
 EIGHT_B = ["--model.flavor", "8B", "--training.seq_len", "8192", "--training.local_batch_size", "1"]
 EIGHT_B += ["--training.gradient_accumulation_steps", "32", "--parallelism.context_parallel_degree", "2"]
@@ -39,9 +39,9 @@ def test_keeping_the_parameters_gathered_brings_128_gpus_within_10_percent_of_on
 def test_auto_is_once_per_step_where_it_fits_and_every_micro_step_where_not() -> None:
     hw = load_hardware("h100")
     fits = layout_from_config(load_config(None, EIGHT_B), 128)
-    assert grad_sync.resolve(layout_args(fits), fits, hw).gradient_sync == "once_per_step"
+    assert resolve_gradient_sync(layout_args(fits), fits, hw).gradient_sync == "once_per_step"
     big = ["--model.flavor", "70B", "--training.seq_len", "8192", "--training.gradient_accumulation_steps", "4"]
     too_big = layout_from_config(load_config(None, [*big, "--activation_checkpoint.mode", "full"]), 64)
-    assert grad_sync.resolve(layout_args(too_big), too_big, hw).gradient_sync == "every_microstep"  # 280 GB fp32
+    assert resolve_gradient_sync(layout_args(too_big), too_big, hw).gradient_sync == "every_microstep"  # 280 GB fp32
     no_accumulation = dataclasses.replace(fits, grad_accum=1)
-    assert grad_sync.resolve(layout_args(fits), no_accumulation, hw).gradient_sync == "every_microstep"
+    assert resolve_gradient_sync(layout_args(fits), no_accumulation, hw).gradient_sync == "every_microstep"

@@ -59,8 +59,8 @@ class Layout:
     async_tp: bool = False
     reshard_after_forward: bool = True
     gradient_sync: str = "every_microstep"
-    """[gradient_sync] mode (auto: the planner decides by memory, plan/physics/grad_sync.py); every_microstep for
-    rows of other stacks, which exchange gradients every micro-step; regather: its keep / reshard."""
+    """[gradient_sync] mode (auto: the planner decides by memory, physics/peak.py resolve_gradient_sync);
+    every_microstep for rows of other stacks, which exchange gradients every micro-step; regather: keep / reshard."""
     regather: str = "reshard"
     param_dtype: str = "bfloat16"
     reduce_dtype: str = "float32"

@@ -20,7 +20,7 @@ from meshforge.model.flavors import ModelArgs, flops_per_token
 from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, check_layout, layout_args, stage_layer_counts
-from meshforge.plan.physics import comm, grad_sync, levers, schedules
+from meshforge.plan.physics import comm, levers, schedules
 from meshforge.plan.physics.comm import exposed
 from meshforge.plan.physics.memory import OPTIMIZER_TRAFFIC_PER_PARAM, block_modes
 from meshforge.plan.physics.moe import moe_estimate
@@ -37,7 +37,7 @@ from meshforge.plan.physics.parts import (
     rank_parts,
     routed_width_per_token,
 )
-from meshforge.plan.physics.peak import MemoryBreakdown, memory
+from meshforge.plan.physics.peak import MemoryBreakdown, gradient_sync_once, memory, resolve_gradient_sync
 
 ATTENTION_BWD_FACTOR = 2.5
 """Flash-attention backward FLOPs over forward: it recomputes the scores (5 matmuls against 2)."""
@@ -258,7 +258,7 @@ def fsdp_exposed(args: ModelArgs, layout: Layout, hw: HardwareProfile, rt: RankT
     if layout.pp > 1:  # gathered once per step, reduced once after the last microbatch (the stage's post-backward)
         return gather + layers * rs + root
     n = layout.num_microbatches
-    if grad_sync.once(layout):  # the last micro-step exchanges; the others gather (parallel/gradient_sync.py)
+    if gradient_sync_once(layout):  # the last micro-step exchanges; the others gather (parallel/gradient_sync.py)
         if not layout.reshard_after_forward:
             return gather + (n - 1) * root_ag + layers * exposed(rs, bwd) + rs + root
         regather = 0.0 if layout.regather == "keep" else gather  # keep: gathered from the backward before
@@ -379,7 +379,7 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
     args = layout_args(layout)
     check_layout(layout, args)
     check_hardware(layout, hw)
-    layout = grad_sync.resolve(args, layout, hw)  # gradient_sync = auto: once per step where it fits
+    asked, layout = layout, resolve_gradient_sync(args, layout, hw)  # gradient_sync = auto: once per step where it fits
     r = rates(layout, hw)
     ranks = sorted({0, layout.pp - 1} | set(range(min(layout.pp, 4))))
     slowest = max((rank_time(args, layout, hw, r, k) for k in ranks), key=lambda t: t.busy)
@@ -409,7 +409,7 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
     step = sum(times.values())
     tps = layout.tokens_per_device_step / step
     return Estimate(
-        layout=layout,
+        layout=asked,
         hardware=hw.name,
         memory=memory(args, layout, hw),
         time=times,

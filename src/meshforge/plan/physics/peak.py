@@ -24,7 +24,7 @@ the reduce dtype until the last one's reduce-scatter, beside the send / receive 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshforge.model.flavors import ModelArgs
 from meshforge.plan.hardware import GIB, HardwareProfile
@@ -202,8 +202,22 @@ class Gathered:
     regathered: float = 0.0
 
 
+def resolve_gradient_sync(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> Layout:
+    """``layout`` with [gradient_sync] mode = auto decided: once per step when it fits ``hw``'s memory, else every
+    micro-step (and every micro-step where it changes nothing: no accumulation, or pipeline parallel). Training's
+    auto is once per step under accumulation, with no memory check of its own."""
+    if layout.gradient_sync != "auto":
+        return layout
+    every = replace(layout, gradient_sync="every_microstep")
+    if layout.pp > 1 or layout.grad_accum == 1:
+        return every
+    candidate = replace(layout, gradient_sync="once_per_step")
+    capacity = hw.spec.device_memory_gib(layout.world_size) - hw.spec.runtime_gib
+    return candidate if memory(args, candidate, hw).peak <= capacity else every
+
+
 def gradient_sync_once(layout: Layout) -> bool:
-    """gradient_sync once per step in effect: the non-last micro-steps skip the exchange (plan/physics/grad_sync.py;
+    """gradient_sync once per step in effect: the non-last micro-steps skip the exchange (parallel/gradient_sync.py;
     pipeline stages keep torch's schedule's own)."""
     return layout.gradient_sync == "once_per_step" and layout.pp == 1 and layout.grad_accum > 1
 
