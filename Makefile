@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint venv clean test-compat test-fake-cuda plan-loo ft-proof test-mutants test-matrix
+.PHONY: demo test lint venv clean test-compat test-fake-cuda plan-loo ft-proof test-mutants test-mutants-sample test-matrix
 venv: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -45,6 +45,10 @@ test-matrix: $(VENV)/.ready
 # the curated mutation check (tests/mutants/*.toml, scripts/mutants.py): not part of `make test`
 test-mutants: $(VENV)/.ready
 	$(PY) scripts/mutants.py
+
+# N mutants drawn automatically in the modules a change touched (git diff BASE: default origin/main, else HEAD~1)
+test-mutants-sample: $(VENV)/.ready
+	$(PY) scripts/mutants_sample.py $(if $(BASE),--base $(BASE)) $(if $(TO),--to $(TO)) $(if $(N),-n $(N))
 
 clean:
 	rm -rf outputs .pytest_cache .mypy_cache .ruff_cache
