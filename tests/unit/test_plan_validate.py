@@ -3,6 +3,7 @@ shipped constants, spreads and covariance are what that fit gives (a physics cha
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -110,7 +111,7 @@ def test_fit_reports_standard_errors_and_drops_what_no_run_moves() -> None:
     hw = load_hardware("h100")
     obs = [o for o in loo.observations() if o.layout.world_size == 8 and o.hardware and o.hardware.name == "h100"]
     single = [
-        fit.Observation(o.name, o.layout.__class__(**{**o.layout.__dict__, "dp_shard": 1}), o.tps_per_device, None)
+        fit.Observation(o.name, dataclasses.replace(o.layout, dp_shard=1), o.tps_per_device, None)
         for o in obs
     ]
     result = fit.fit_time(single, hw, ["matmul", "network"])
