@@ -14,6 +14,7 @@ the recommendation, the best of each group and the runner-up of another group ar
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import fields
 
 from meshforge.model.flavors import ModelArgs
 from meshforge.parallel.pipeline.simulator import rank_work
@@ -32,7 +33,7 @@ def tps_bound(layout: Layout, hw: HardwareProfile, args: ModelArgs | None = None
     ``args``: the layout's model shapes (layout_args) when the caller has them."""
     if layout.pp == 1 or hw.spec.node_cores:
         return float("inf")
-    key = (tuple(v for k, v in vars(layout).items() if k not in SPLIT_FIELDS), hw)
+    key = (tuple(getattr(layout, f.name) for f in fields(layout) if f.name not in SPLIT_FIELDS), hw)
     if key not in _BOUNDS:
         if len(_BOUNDS) > MEMO_SIZE:
             _BOUNDS.clear()
