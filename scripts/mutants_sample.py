@@ -10,10 +10,12 @@ mutated tree. Sites on the changed lines are drawn first (``--seed``: the same c
 the rest of the touched modules. A module's tests are the tests/unit files that import it (by AST: ``import a.b``,
 ``from a import b``, ``from a.b import c``), run without the slow ones (``-m "not slow"``), first failure stops them.
 
-They run first on the unmutated tree (the baseline: a file that fails there is dropped and named, and its time sets
-the per-mutant timeout: 3 x the baseline + 10 s, at most ``--timeout``); N is then cut to what ``--budget`` seconds
-allow at ``--jobs`` mutants at a time. Each mutant runs in a temporary copy of the tree forked from one process that
-imported torch once (scripts/mutants.py's machinery); the tree is never touched.
+They run first on the unmutated tree (the baseline: a file that fails there is dropped and named; the slowest
+module's time sets the per-mutant timeout: 2 x it + 10 s, at most ``--timeout``); N is then cut to what ``--budget``
+seconds (counted from the start, the baseline included) allow at ``--jobs`` mutants at a time, and none starts once
+the budget is spent (the last ones end within their timeout).
+Each mutant runs in a temporary copy of the tree forked from one process that imported torch once (scripts/mutants.py's
+machinery); the tree is never touched.
 
     python scripts/mutants_sample.py                    # 24 mutants of the change against origin/main (or HEAD~1)
     python scripts/mutants_sample.py --base HEAD~3 -n 30
@@ -37,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-N, BUDGET, TIMEOUT, JOBS, MAX_FILES = 24, 480.0, 120.0, 2, 6
-"""24 mutants within 480 s of mutant runs (8 min; the baseline and the copies take the rest of 10) on 2 cores, each
-module's tests at most 6 files."""
+N, BUDGET, TIMEOUT, JOBS, MAX_FILES = 24, 450.0, 60.0, 2, 6
+"""24 mutants, none started after 450 s from the start (the baseline included), each at most 60 s: under 9 minutes
+in all on 2 cores; each module's tests at most 6 files."""
 
 _spec = importlib.util.spec_from_file_location("mutants_runner", Path(__file__).with_name("mutants.py"))
 assert _spec is not None and _spec.loader is not None
@@ -59,8 +61,6 @@ class Site:
     after: str
     source: str  # the whole mutated module
 
-
-# -- the operator set --------------------------------------------------------------------------------------------
 
 FLIPS: dict[type, type] = {
     ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
@@ -226,9 +226,6 @@ def splice(module: Module, node: ast.AST, new: ast.AST, label: str) -> Site | No
     return None
 
 
-# -- the change, its modules' tests -------------------------------------------------------------------------------
-
-
 def default_base(root: Path) -> str:
     """origin/main where the repository has it, else HEAD~1."""
     probe = subprocess.run(["git", "rev-parse", "--verify", "-q", "origin/main"], cwd=root, capture_output=True)
@@ -321,9 +318,6 @@ def as_mutant(index: int, site: Site, tests: list[str], text: str) -> runner.Mut
     )
 
 
-# -- the run -------------------------------------------------------------------------------------------------------
-
-
 def baseline(slots: list[runner.Slot], tests: dict[str, list[str]], timeout: float) -> dict[str, float]:
     """Each module's test files on the unmutated copies, ``len(slots)`` modules at a time: {module: seconds}. A file
     that fails there (or times out, or cannot be collected) is dropped from ``tests``, and named."""
@@ -367,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", nargs="*", default=[], help="mutate these modules (whole) instead of a change's")
     ap.add_argument("-n", type=int, default=N, help=f"mutants to draw (default {N})")
     ap.add_argument("--seed", type=int, default=0, help="the draw's seed (default 0)")
-    ap.add_argument("--budget", type=float, default=BUDGET, help=f"seconds of mutant runs (default {BUDGET:.0f})")
+    ap.add_argument(
+        "--budget", type=float, default=BUDGET, help=f"seconds before the last start (default {BUDGET:.0f})"
+    )
     ap.add_argument("--timeout", type=float, default=TIMEOUT, help=f"most seconds per mutant (default {TIMEOUT:.0f})")
     ap.add_argument("--max-files", type=int, default=MAX_FILES, help=f"test files per module (default {MAX_FILES})")
     ap.add_argument("--jobs", type=int, default=JOBS, help=f"mutants at a time (default {JOBS})")
@@ -394,10 +390,11 @@ def sample(root: Path, args: argparse.Namespace) -> int:
         slots = [runner.Slot(Path(tmp) / f"copy{i}", tree=before) for i in range(max(1, args.jobs))]
         for slot in slots:
             runner.copy_tree(root, slot.copy)
-        seconds = baseline(slots, tests, args.timeout)
+        seconds = baseline(slots, tests, args.budget / 3)  # a module whose tests take longer is dropped
         changed = {f: lines for f, lines in changed.items() if tests[f]}
-        sites = within_budget(draw(root, changed, args.n, args.seed), seconds, args.budget, len(slots))
-        timeout = min(args.timeout, 3 * max((seconds[s.file] for s in sites), default=0.0) + 10)
+        left = args.budget - (time.perf_counter() - start)
+        sites = within_budget(draw(root, changed, args.n, args.seed), seconds, left, len(slots))
+        timeout = min(args.timeout, 2 * max((seconds[s.file] for s in sites), default=0.0) + 10)
         print(
             f"{what}: {len(changed)} module(s) with unit tests; {len(sites)} mutants drawn (seed {args.seed}), "
             f"timeout {timeout:.0f} s each; baseline {sum(seconds.values()):.0f} s",
@@ -405,11 +402,30 @@ def sample(root: Path, args: argparse.Namespace) -> int:
         )
         texts = {f: (root / f).read_text() for f in changed}
         mutants = [as_mutant(i, s, tests[s.file], texts[s.file]) for i, s in enumerate(sites)]
-        results = runner.run_slots(slots, mutants, timeout)
-    return report(sites, results, time.perf_counter() - start)
+        results, unrun = run_within(slots, mutants, timeout, time.monotonic() + left)
+    return report(sites, results, unrun, time.perf_counter() - start)
 
 
-def report(sites: list[Site], results: runner.Results, seconds: float) -> int:
+def run_within(
+    slots: list[runner.Slot], mutants: list[runner.Mutant], timeout: float, deadline: float
+) -> tuple[runner.Results, list[runner.Mutant]]:
+    """The mutants ``len(slots)`` at a time (scripts/mutants.py's step), none started after ``deadline``
+    (time.monotonic); (the results, the mutants left unrun)."""
+    todo, results, unrun = list(mutants), [], []
+    try:
+        while todo or any(s.mutant for s in slots):
+            if todo and time.monotonic() > deadline:
+                unrun, todo = todo, []
+            runner.step_slots(slots, todo, results, timeout)
+            time.sleep(0.05)
+    finally:  # Ctrl-C or an error: no forked run outlives the copies
+        for slot in slots:
+            if slot.mutant is not None:
+                runner.wait_pytest(slot.pid, 0)
+    return results, unrun
+
+
+def report(sites: list[Site], results: runner.Results, unrun: list[runner.Mutant], seconds: float) -> int:
     """Print the survivors (file:line, the operator, the line before and after) and the tally."""
     by_name = {f"#{i} {s.file}:{s.line}": s for i, s in enumerate(sites)}
     survivors = [by_name[m.name] for m, outcome, _ in results if outcome == "SURVIVED"]
@@ -419,6 +435,8 @@ def report(sites: list[Site], results: runner.Results, seconds: float) -> int:
         print(f"SURVIVED {site.file}:{site.line}: {site.operator}\n  - {site.before.strip()}\n  + {site.after.strip()}")
     for m in errors:
         print(f"ERROR (the tests could not run) {m.name}: {m.why}")
+    if unrun:
+        print(f"{len(unrun)} drawn mutants not run: the --budget ran out (a higher --budget or --timeout, fewer -n)")
     return 1 if survivors or errors or not results else 0
 
 
