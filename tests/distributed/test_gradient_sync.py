@@ -2,7 +2,7 @@
 counted with meshforge's collective counter over the real train_step. FSDP 2 and HSDP 2 x 2 at
 gradient_accumulation_steps 4 reduce-scatter and all-reduce exactly the calls and bytes of GA 1 at every step, where
 the per-micro-step exchange moves 4 x the reduce-scatter bytes; the losses and gradient norms equal the
-per-micro-step exchange's to 1e-6 (fp32)."""
+per-micro-step exchange's to 1e-6 (fp32). Pipeline parallel 2 x FSDP 2 at GA 2 too."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ def run(world: int, args: list[str]) -> dict[str, Any]:
 
 
 def gradient_exchange(out: dict[str, Any]) -> dict[int, dict[str, list[int]]]:
-    """Per step: the reduce-scatters and all-reduces (gradients, grad norm), without the parameter all-gathers."""
-    return {s: {k: v for k, v in t.items() if not k.startswith("all_gather")} for s, t in out["steps"].items()}
+    """Per step: the reduce-scatters and all-reduces (gradients, grad norm), without the parameter all-gathers and
+    the pipeline's per-run loss all-reduce over pp."""
+    skip = ("all_gather", "all_reduce@pp")
+    return {s: {k: v for k, v in t.items() if not k.startswith(skip)} for s, t in out["steps"].items()}
 
 
 def assert_same_training(got: dict[str, Any], want: dict[str, Any]) -> None:
@@ -33,16 +35,22 @@ def assert_same_training(got: dict[str, Any], want: dict[str, Any]) -> None:
         assert abs(g["grad_norm"] - w["grad_norm"]) <= 1e-6 * abs(w["grad_norm"]), (g["step"], g, w)
 
 
-@pytest.mark.parametrize("layout", ["fsdp 2", "hsdp 2x2"])
+PP = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "1"]
+GA2 = ["--training.local_batch_size", "2", "--training.gradient_accumulation_steps", "2"]
+LAYOUTS = {"fsdp 2": (2, [], GA4, 4), "hsdp 2x2": (4, HSDP, GA4, 4), "pp 2 x fsdp 2": (4, PP, GA2, 2)}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_accumulation_exchanges_gradients_once_per_step(layout: str) -> None:
-    world, extra = (2, []) if layout == "fsdp 2" else (4, HSDP)
+    """Pipeline parallel: torch's schedule reduces once per run; the runs before the last skip it."""
+    world, extra, accumulate, k = LAYOUTS[layout]
     ga1 = run(world, ["--training.local_batch_size", "4", *extra])
-    once = run(world, [*GA4, *extra])  # gradient_sync.mode = auto: once per step under accumulation
-    every = run(world, [*GA4, *extra, "--gradient_sync.mode", "every_microstep"])
+    once = run(world, [*accumulate, *extra])  # gradient_sync.mode = auto: once per step under accumulation
+    every = run(world, [*accumulate, *extra, "--gradient_sync.mode", "every_microstep"])
     assert gradient_exchange(once) == gradient_exchange(ga1), (gradient_exchange(once), gradient_exchange(ga1))
     for step, table in every["steps"].items():  # FSDP's default: every micro-step reduce-scatters
         calls, nbytes = table["reduce_scatter@dp_shard"]
-        assert [calls, nbytes] == [4 * x for x in ga1["steps"][step]["reduce_scatter@dp_shard"]], table
+        assert [calls, nbytes] == [k * x for x in ga1["steps"][step]["reduce_scatter@dp_shard"]], table
         if layout == "hsdp 2x2":
             assert table["all_reduce@dp_replicate"][1] == 4 * ga1["steps"][step]["all_reduce@dp_replicate"][1]
     assert_same_training(once, every)

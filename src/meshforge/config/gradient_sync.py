@@ -21,8 +21,8 @@ class GradientSync:
     reduce-scatters them (and all-reduces across HSDP replicas) once: 1 / gradient_accumulation_steps of the
     gradient traffic, for one unsharded gradient copy of the FSDP-sharded parameters in memory. every_microstep:
     FSDP's default (sharded gradients, one exchange per micro-step). auto: once_per_step when
-    training.gradient_accumulation_steps > 1. Pipeline parallel stages keep torch's schedule (one exchange per
-    schedule run, i.e. per micro-step under gradient accumulation)."""
+    training.gradient_accumulation_steps > 1. Pipeline parallel: the schedule runs before the last skip their
+    closing reduction (torch's schedule already skips it between its own microbatches)."""
     regather: Literal["auto", "reshard", "keep"] = "auto"
     """Under once_per_step, whether parameters stay gathered after a non-last micro-step's backward (keep: the next
     micro-step's forward all-gather is saved, for the unsharded parameters in memory until the step's last backward)

@@ -8,23 +8,29 @@ replicas) the sum once. ``regather = keep`` also leaves the parameters gathered 
 (``set_reshard_after_backward(False)``), so the next forward does not all-gather them again.
 
 Memory, per rank: an unsharded gradient of every FSDP-managed parameter (the model's size / tp / pp in the gradient
-dtype, instead of 1 / dp of it), plus, with ``keep``, the unsharded parameters between micro-steps. Pipeline parallel
-stages are left to torch's schedule, which already skips the exchange between its own microbatches and reduces once
-per schedule run (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync`` / ``perform_reduce_grad``).
+dtype, instead of 1 / dp of it), plus, with ``keep``, the unsharded parameters between micro-steps. Pipeline parallel:
+torch's schedule already skips the exchange between its own microbatches and reduces once per schedule run
+(torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync`` / ``perform_reduce_grad``); under gradient
+accumulation the runs before the last skip that reduction, so it too happens once per optimizer step.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from meshforge.config.gradient_sync import GradientSync
 
+if TYPE_CHECKING:
+    from meshforge.parallel.pipeline.stage import Pipeline
 
-def once_per_step(cfg: GradientSync, accumulation_steps: int, pipeline: bool) -> bool:
+
+def once_per_step(cfg: GradientSync, accumulation_steps: int) -> bool:
     """Whether the micro-steps before the last skip the gradient exchange (auto: under gradient accumulation)."""
     # once_per_step, or auto with gradient accumulation (the planner may choose per memory later)
-    return not (pipeline or accumulation_steps == 1 or cfg.mode == "every_microstep")
+    return not (accumulation_steps == 1 or cfg.mode == "every_microstep")
 
 
 def keep_gathered(cfg: GradientSync) -> bool:
@@ -32,9 +38,14 @@ def keep_gathered(cfg: GradientSync) -> bool:
     return cfg.regather == "keep"
 
 
-def set_micro_step(model_parts: list[nn.Module], *, last: bool, keep: bool) -> None:
+def set_micro_step(model_parts: list[nn.Module], *, last: bool, keep: bool, pipeline: Pipeline | None = None) -> None:
     """Before a micro-step's backward: exchange gradients only when ``last``; with ``keep`` also reshard only then.
-    Every FSDP module of the parts (nested ones included: transformer blocks, routed experts)."""
+    Every FSDP module of the parts (nested ones included: transformer blocks, routed experts). A pipeline's schedule
+    sets its stages' FSDP flags per microbatch itself: there only its closing reduction is skipped before the last
+    micro-step (parallel/pipeline/stage.py ``deferred_reduction``; the stages stay gathered in between)."""
+    if pipeline is not None:
+        pipeline.reduce_grads = last
+        return
     for part in model_parts:
         for module in part.modules():
             if isinstance(module, FSDPModule):

@@ -296,7 +296,7 @@ def accumulate_once_per_step(
     gathered parameters): the peak then counts what skipping the exchange keeps resident (torch's tracker files the
     accumulated unsharded gradients as temporaries: about the whole model in fp32 per rank). ``between``: the tracker's
     per-module reset (FSDPMemTracker follows one forward per module; its peak is kept)."""
-    if not once_per_step(cfg.gradient_sync, cfg.training.gradient_accumulation_steps, pipeline=False):
+    if not once_per_step(cfg.gradient_sync, cfg.training.gradient_accumulation_steps):
         forward_backward()
         return
     keep = keep_gathered(cfg.gradient_sync)

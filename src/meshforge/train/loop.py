@@ -277,10 +277,10 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     if state.ft is not None:  # the quorum; a (re)joining group receives a live peer's state here
         state.ft.start_step()
     state.straggler.times.begin()  # the step's time parts (observability/straggler.py)
-    sync_once = once_per_step(state.cfg.gradient_sync, accum, pipeline=state.pipeline is not None)
+    sync_once, keep = once_per_step(state.cfg.gradient_sync, accum), keep_gathered(state.cfg.gradient_sync)
     for micro in range(accum):
         if sync_once:  # one gradient exchange per step: the last micro-step's (parallel/gradient_sync.py)
-            set_micro_step(state.model_parts, last=micro == accum - 1, keep=keep_gathered(state.cfg.gradient_sync))
+            set_micro_step(state.model_parts, last=micro == accum - 1, keep=keep, pipeline=state.pipeline)
         start = time.perf_counter()
         inputs, labels = state.loader.next_batch()  # host tensors: the time counted as data loading ends here
         waited = time.perf_counter() - start

@@ -12,7 +12,8 @@ only where the last stage runs; it is summed over the pipeline group).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,7 @@ class Pipeline:
     clock: BusyClock
     theory_idle: float
     labels_in_forward: bool = False  # chunked loss: the last stage's forward returns the loss (model/loss.py)
+    reduce_grads: bool = True  # False: this schedule run keeps its gradients unreduced (parallel/gradient_sync.py)
 
     def stage_kwargs(self, labels: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
         """The keywords every stage's forward gets, split into microbatches with the batch: positions (batch, seq),
@@ -115,7 +117,7 @@ class Pipeline:
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first else ()
         target = labels if self.has_last else None
-        with self.clock.step():
+        with self.clock.step(), self.deferred_reduction():
             self.schedule.step(
                 *args, target=target, losses=losses, return_outputs=False, **self.stage_kwargs(labels, positions)
             )
@@ -125,6 +127,23 @@ class Pipeline:
             total = torch.stack([loss.detach().float() for loss in local]).sum() / scale
         dist.all_reduce(total, group=self.pp_group)  # only the last stage's rank holds a non-zero loss
         return total
+
+    @contextlib.contextmanager
+    def deferred_reduction(self) -> Iterator[None]:
+        """With ``reduce_grads`` False (a gradient-accumulation micro-step before the last), the schedule's closing
+        REDUCE_GRAD (torch's ``perform_reduce_grad``: FSDP's reduce-scatter of the microbatches' summed gradients) is
+        skipped: the stages keep their unsharded gradients, which the next runs add to, and the last run reduces
+        them once. The stages' FSDP modules stay gathered in between (torch's nosync backward left them so)."""
+        if self.reduce_grads:
+            yield
+            return
+        for stage in self.stages:
+            stage.perform_reduce_grad = _no_reduction  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            for stage in self.stages:
+                del stage.perform_reduce_grad  # back to the class's method
 
     def evaluate(
         self, inputs: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor | None = None
@@ -206,6 +225,10 @@ def plan_stages(spec: ScheduleSpec, cfg: Parallelism, n_layers: int, pp: int) ->
                 f"{spec.csv.path} runs {num_stages} stages but the stage split gives {split_stages}; make them agree"
             )
     return stage_modules(cfg, n_layers, num_stages), spec.csv.stage_rank
+
+
+def _no_reduction(grad_scale_factor: int) -> None:
+    """A stage's REDUCE_GRAD skipped (Pipeline.deferred_reduction)."""
 
 
 @dataclass(frozen=True)
