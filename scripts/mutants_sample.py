@@ -289,12 +289,19 @@ def tests_of(root: Path, files: list[str], most: int = MAX_FILES) -> dict[str, l
 
 
 def draw(root: Path, changed: dict[str, set[int]], n: int, seed: int) -> list[Site]:
-    """Up to ``n`` mutants: sites on the changed lines first (random order), then the rest of the modules."""
+    """Up to ``n`` mutants: sites on the changed lines first (random order, each line once before any twice), then
+    the rest of the modules."""
     rng = random.Random(seed)
     modules = [candidates(f, (root / f).read_text()) for f in sorted(changed)]
     pool = [(m, c) for m in modules for c in m.candidates]
     rng.shuffle(pool)
-    pool.sort(key=lambda mc: mc[1][0] not in changed[mc[0].file])  # stable: changed lines first, still shuffled
+    seen: dict[tuple[str, int], int] = {}
+    ranks = []  # (off the change, how many of its line came before): every line once before any line twice
+    for module, (line, *_) in pool:
+        ranks.append((line not in changed[module.file], seen.get((module.file, line), 0)))
+        seen[(module.file, line)] = ranks[-1][1] + 1
+    order = sorted(range(len(pool)), key=lambda i: ranks[i])  # stable: still shuffled within a rank
+    pool = [pool[i] for i in order]
     out: list[Site] = []
     for module, (_, node, new, label) in pool:
         site = splice(module, node, new, label)
@@ -429,7 +436,8 @@ def report(sites: list[Site], results: runner.Results, unrun: list[runner.Mutant
     """Print the survivors (file:line, the operator, the line before and after) and the tally."""
     by_name = {f"#{i} {s.file}:{s.line}": s for i, s in enumerate(sites)}
     survivors = [by_name[m.name] for m, outcome, _ in results if outcome == "SURVIVED"]
-    errors = [m for m, outcome, _ in results if outcome.startswith("error")]
+    # a crash (pytest killed by a signal: SIGBUS on a mutated memory map, SIGSEGV) is a detected mutant
+    errors = [m for m, outcome, _ in results if outcome.startswith("error") and "exit -" not in outcome]
     print(f"{len(results) - len(survivors) - len(errors)} of {len(results)} mutants killed in {seconds:.0f} s")
     for site in survivors:
         print(f"SURVIVED {site.file}:{site.line}: {site.operator}\n  - {site.before.strip()}\n  + {site.after.strip()}")

@@ -69,6 +69,8 @@ def test_the_draw_prefers_the_changed_lines_and_repeats_with_the_seed(tmp_path: 
     first = mod.draw(tmp_path, {"m.py": {12}}, 2, seed=5)
     assert [s.line for s in first] == [12, 12]
     assert [s.after for s in mod.draw(tmp_path, {"m.py": {12}}, 2, seed=5)] == [s.after for s in first]
+    spread = mod.draw(tmp_path, {"m.py": {11, 12}}, 3, seed=2)  # every changed line once before any twice
+    assert sorted(s.line for s in spread[:2]) == [11, 12] and spread[2].line in (11, 12)
     assert len(mod.draw(tmp_path, {"m.py": set()}, 100, seed=1)) == len(list(mod.mutations("m.py", SOURCE)))
 
 
