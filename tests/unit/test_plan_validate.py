@@ -110,10 +110,7 @@ def test_fit_reports_standard_errors_and_drops_what_no_run_moves() -> None:
     finite standard error and their determining runs."""
     hw = load_hardware("h100")
     obs = [o for o in loo.observations() if o.layout.world_size == 8 and o.hardware and o.hardware.name == "h100"]
-    single = [
-        fit.Observation(o.name, dataclasses.replace(o.layout, dp_shard=1), o.tps_per_device, None)
-        for o in obs
-    ]
+    single = [fit.Observation(o.name, dataclasses.replace(o.layout, dp_shard=1), o.tps_per_device, None) for o in obs]
     result = fit.fit_time(single, hw, ["matmul", "network"])
     assert ("network", "no run moves it") in result.dropped
     (matmul,) = result.constants
