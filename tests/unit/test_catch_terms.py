@@ -90,3 +90,45 @@ def test_expert_parallel_splits_the_experts_then_fsdp_their_rows() -> None:
     assert routed_numel(args, 8, 4) == 2 * 3 * 128 * 256
     full_ep2, full_ep1 = moe_block_full_numel(args, 1, 2), moe_block_full_numel(args, 1, 1)
     assert full_ep1 - full_ep2 == 4 * 3 * 256 * 256  # EP 2 gathers half the experts
+
+
+@pytest.mark.parametrize(
+    ("reshard", "sync", "regather"),
+    [(True, "every_microstep", "reshard"), (False, "every_microstep", "reshard"), (True, "once_per_step", "reshard"),
+     (True, "once_per_step", "keep"), (False, "once_per_step", "reshard")],
+)  # fmt: skip
+def test_fsdp_exchange_sums_each_collective_as_often_as_it_runs(reshard: bool, sync: str, regather: str) -> None:
+    """FSDP 4 x TP 2, 4 micro-steps, no compute to hide behind (comm_overlaps_compute off): the exchange per step is
+    the sum of the collectives that run, written out per schedule from one block's all-gather (ag) and reduce-scatter
+    (rs) and the root's (the sample tool found every `+ rs` / `- rs` of estimate.py surviving the fast tests)."""
+    import dataclasses
+
+    from meshforge.plan.physics import comm
+    from meshforge.plan.physics.estimate import fsdp_exposed, rank_time, rates, root_full_numel
+    from meshforge.plan.physics.parts import gathered_layer_bytes, part_numel
+
+    h100 = load_hardware("h100")
+    hw = dataclasses.replace(h100, spec=dataclasses.replace(h100.spec, comm_overlaps_compute=False))
+    lay = layout(dp_shard=4, tp=2, local_batch_size=1, grad_accum=4, reshard_after_forward=reshard)
+    lay = dataclasses.replace(lay, gradient_sync=sync, regather=regather)
+    args, n, blocks = get_flavor("8B"), 4, 32
+    assert lay.num_microbatches == n
+    rt = rank_time(args, lay, hw, rates(lay, hw), 0)
+    link = comm.axis_link(lay, ("dp_shard", "cp"), hw)
+    ag = comm.all_gather(gathered_layer_bytes(args, lay), 4, link)
+    rs = comm.reduce_scatter(part_numel(args, "block", 2, 1) * 4, 4, link)  # fp32 gradients
+    root_numel = root_full_numel(args, lay, rt.parts)
+    root_ag = comm.all_gather(root_numel * 2, 4, link)
+    root = root_ag + comm.reduce_scatter(root_numel * 4, 4, link)
+    if sync == "every_microstep":  # each micro-step gathers every block (twice when resharded) and reduces it
+        want = (
+            n * (2 * blocks * ag + (blocks + 1) * rs + root)
+            if reshard
+            else blocks * ag + n * ((blocks + 1) * rs + root)
+        )
+    elif not reshard:  # once per step, kept gathered: gathered once, the root again each micro-step, reduced once
+        want = blocks * ag + (n - 1) * root_ag + (blocks + 1) * rs + root
+    else:  # once per step: n - 1 micro-steps gather (forward unless kept, backward) and the last one also reduces
+        again = 0.0 if regather == "keep" else blocks * ag
+        want = blocks * ag + (n - 1) * (again + blocks * ag + root_ag) + blocks * ag + (blocks + 1) * rs + root
+    assert fsdp_exposed(args, lay, hw, rt) == pytest.approx(want, rel=1e-4)
