@@ -62,3 +62,29 @@ def test_per_op_sac_keeps_its_own_hooks_inside_blocks() -> None:
     _, _, plain = loss_and_grads("none", offload=True)
     _, _, selective = loss_and_grads("selective", offload=True)
     assert 0 < selective < plain
+
+
+def test_dtensor_activations_are_offloaded_and_rebuilt() -> None:
+    """Under TP / SP the saved activations are DTensors: pack copies their local shard into a host buffer of its own
+    and unpack rebuilds the DTensor (a plain host buffer copied from a DTensor raised "mixed torch.Tensor and
+    DTensor" in the composability matrix's TP + offload job)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from tests.fakeworld import fake_rank
+
+    with fake_rank(0, 1):
+        mesh = init_device_mesh("cpu", (1,))
+        x = DTensor.from_local(torch.arange(4.0), mesh, [Replicate()])
+        w = DTensor.from_local(torch.ones(4), mesh, [Replicate()]).requires_grad_()
+        hooks = offload_context(True, torch.device("cpu"))
+        packed: list[object] = []
+        pack = hooks.pack_hook  # type: ignore[attr-defined]
+        hooks.pack_hook = lambda t: packed.append(pack(t)) or packed[-1]  # type: ignore[attr-defined]
+        with hooks:
+            y = (x * w).sum()  # saves x (a DTensor) for w's gradient
+        x._local_tensor.add_(10.0)  # the activation's storage reused after the forward
+        y.backward()
+        assert any(isinstance(p, tuple) and p[2] is not None for p in packed)  # a DTensor went to the host
+        assert isinstance(w.grad, DTensor)
+        assert torch.equal(w.grad.to_local(), torch.arange(4.0))

@@ -18,7 +18,8 @@ Composition: with activation checkpointing the offload applies to what the mode 
 AC, everything without AC). Under per-op selective AC the checkpoint's own hooks, pushed inside ours, take
 precedence for everything saved in a checkpointed block: its cached op outputs stay on the device (the planner and
 the memory run count them there). The memory run (tools/memory_run.py) models these hooks on fake tensors: a saved
-tensor leaves the device at pack and is allocated again at unpack."""
+tensor leaves the device at pack and is allocated again at unpack. A DTensor (TP / SP activations) moves its local shard
+and is rebuilt at unpack; other tensor subclasses (Float8 tensors) stay on the device."""
 
 from __future__ import annotations
 
@@ -27,6 +28,26 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._dtensor_spec import DTensorSpec
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+
+def _local(tensor: torch.Tensor) -> tuple[torch.Tensor, DTensorSpec | None]:
+    """The plain tensor to copy and, for a DTensor (TP / SP activations), the spec that rebuilds it at unpack."""
+    if isinstance(tensor, DTensor):
+        return tensor._local_tensor, tensor._spec
+    return tensor, None
+
+
+def _rebuild(local: torch.Tensor, spec: DTensorSpec | None) -> torch.Tensor:
+    return local if spec is None else DTensor(local, spec, requires_grad=False)
+
+
+def _offloadable(tensor: torch.Tensor) -> bool:
+    """Plain tensors and DTensors over plain tensors; other wrapper subclasses (Float8 tensors) stay put."""
+    local = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+    return not is_traceable_wrapper_subclass(local)
 
 
 class HostCopyOffload(saved_tensors_hooks):
@@ -36,15 +57,20 @@ class HostCopyOffload(saved_tensors_hooks):
         super().__init__(self.pack, self.unpack)
 
     @staticmethod
-    def pack(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
-        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, device="cpu")
-        host.copy_(tensor)
-        return tensor.device, host
+    def pack(tensor: torch.Tensor) -> Any:
+        if not _offloadable(tensor):
+            return tensor
+        local, spec = _local(tensor)
+        host = torch.empty(local.size(), dtype=local.dtype, layout=local.layout, device="cpu")
+        host.copy_(local)
+        return local.device, host, spec
 
     @staticmethod
-    def unpack(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
-        device, host = packed
-        return host if device.type == "cpu" else host.to(device)
+    def unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        device, host, spec = packed
+        return _rebuild(host if device.type == "cpu" else host.to(device), spec)
 
 
 class StreamOffload(saved_tensors_hooks):
@@ -57,8 +83,9 @@ class StreamOffload(saved_tensors_hooks):
         self.stream = torch.cuda.Stream(device=device)
 
     def pack(self, tensor: torch.Tensor) -> Any:
-        if tensor.device.type != "cuda":  # a host tensor saved for backward stays as it is
+        if tensor.device.type != "cuda" or not _offloadable(tensor):  # host tensors and other subclasses stay
             return tensor
+        tensor, spec = _local(tensor)
         compute = torch.cuda.current_stream(tensor.device)
         self.stream.wait_stream(compute)
         host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, device="cpu", pin_memory=True)
@@ -67,15 +94,15 @@ class StreamOffload(saved_tensors_hooks):
             done = torch.cuda.Event()
             done.record(self.stream)
         tensor.record_stream(self.stream)
-        return tensor.device, host, done
+        return tensor.device, host, done, spec
 
     def unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
-        device, host, done = packed
+        device, host, done, spec = packed
         compute = torch.cuda.current_stream(device)
         compute.wait_event(done)  # on the device: the copy back starts after the copy out ended
-        return host.to(device, non_blocking=True)
+        return _rebuild(host.to(device, non_blocking=True), spec)
 
 
 def offload_context(enabled: bool, device: torch.device) -> contextlib.AbstractContextManager[Any]:
