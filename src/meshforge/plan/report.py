@@ -88,8 +88,29 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
         )
     note = stack_note(est, hw)
     lines += [note] if note else []
+    lines += [line for line in [exchange_note(est)] if line]
     lines += [f"warning: {w}" for w in est.warnings]
     return "\n".join(lines)
+
+
+def exchange_note(est: Estimate, share: float = 0.1) -> str:
+    """One line on an exposed FSDP exchange under gradient accumulation: what is still exposed and why."""
+    lay, exposed = est.layout, est.time.get("exposed_fsdp_comm", 0.0)
+    if lay.grad_accum <= 1 or lay.fsdp_size <= 1 or exposed < share * est.step_time:
+        return ""
+    if lay.gradient_sync == "every_microstep":
+        why = "gradients are reduce-scattered every micro-step (--gradient_sync.mode once_per_step exchanges them once)"
+    elif lay.regather != "keep":
+        why = (
+            "the parameters are re-gathered for every micro-step's forward and backward "
+            "(--gradient_sync.regather keep holds them gathered between micro-steps, at more memory)"
+        )
+    else:
+        why = "the forward's all-gathers of each step outlast the compute that hides them"
+    return (
+        f"exposed: FSDP {exposed:.2f} s of {est.step_time:.2f} s per step over {lay.fsdp_size} ranks x "
+        f"{lay.grad_accum} micro-steps: {why}"
+    )
 
 
 def stack_note(est: Estimate, hw: HardwareProfile) -> str:
