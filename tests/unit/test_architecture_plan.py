@@ -20,6 +20,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.unit.test_architecture import file_cycles
+
 PLAN = Path(__file__).resolve().parents[2] / "src" / "meshforge" / "plan"
 PACKAGE = "meshforge.plan"
 GROUND = {"layout", "hardware", "shipped"}
@@ -104,38 +106,8 @@ def test_every_plan_import_goes_down_the_rooms() -> None:
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Every strongly connected group of more than one module, or a module importing itself (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(edges.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1 or v in edges.get(v, ()):
-                found.append(sorted(group))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return found
+    """Every loop of modules (the house-wide finder, tests/unit/test_architecture.py) and a module importing itself."""
+    return file_cycles(edges) + [[v] for v in sorted(edges) if v in edges[v]]
 
 
 def test_no_import_cycle_within_plan() -> None:
@@ -149,6 +121,7 @@ def test_the_cycle_finder_finds_a_function_level_loop() -> None:
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": {"c"}}) == []
+    assert cycles({"a": {"a", "b"}, "b": set()}) == [["a"]]  # a module importing itself
 
 
 def test_plan_top_level_has_at_most_ten_rooms() -> None:
