@@ -238,3 +238,13 @@ def test_a_lighthouse_that_never_answers_a_quorum_is_named_as_such(capsys: pytes
     group.committed = time.perf_counter()  # after a commit, a failing quorum is a lost group: the resume line
     with pytest.raises(SystemExit, match="The last committed step is 0; resume by relaunching the groups"):
         group.start_step()
+
+
+def test_regather_keep_without_once_per_step_is_refused_in_one_line() -> None:
+    """keep only acts between micro-steps that skip the exchange: with every_microstep it would be silently ignored."""
+    from meshforge.config.io import load_config
+    from meshforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"regather = 'keep' has no effect.*set gradient_sync.mode = 'once_per_step'"):
+        load_config(None, ["--gradient_sync.regather", "keep", "--gradient_sync.mode", "every_microstep"])
+    load_config(None, ["--gradient_sync.regather", "keep", "--gradient_sync.mode", "once_per_step"])  # accepted

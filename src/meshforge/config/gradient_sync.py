@@ -33,3 +33,9 @@ class GradientSync:
             raise ConfigError(f"gradient_sync.mode = {self.mode!r}: use one of {', '.join(MODES)}")
         if self.regather not in REGATHER:
             raise ConfigError(f"gradient_sync.regather = {self.regather!r}: use one of {', '.join(REGATHER)}")
+        if self.regather == "keep" and self.mode == "every_microstep":
+            raise ConfigError(
+                "gradient_sync.regather = 'keep' has no effect with gradient_sync.mode = 'every_microstep' (parameters "
+                "are kept gathered only between micro-steps that skip the exchange): set gradient_sync.mode = "
+                "'once_per_step' (or 'auto'), or drop regather"
+            )
