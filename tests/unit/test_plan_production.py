@@ -18,18 +18,36 @@ def preds() -> list[production.HeldOutPrediction]:
     return production.predict_held_out()
 
 
-def test_held_out_rows_fit_their_80_gb_and_are_not_fitted(preds: list[production.HeldOutPrediction]) -> None:
-    """Every published production run ran, so each is predicted to fit on its 80 GB H100; none is a fitted row."""
+def test_held_out_rows_encode_the_paper_and_are_not_fitted(preds: list[production.HeldOutPrediction]) -> None:
+    """Not fitted rows; Table 4's world sizes and CP; section 3.3.2's AC: none at 8K, full (not stated) at 128K."""
     assert {p.row.key for p in preds}.isdisjoint(r.key for r in published.RUNS)
     for p in preds:
-        assert p.estimate.capacity_gib < 80 and p.estimate.fits, (p.row.key, p.estimate.peak_memory_gib)
         assert p.estimate.layout.world_size == p.row.world_size >= 8192
     assert [p.estimate.layout.cp for p in preds] == [1, 1, 16]
+    assert [p.estimate.layout.seq_len for p in preds] == [8192, 8192, 131072]
+    assert [p.estimate.layout.ac_mode for p in preds] == ["none", "none", "full"]
+
+
+def test_earlier_reading_fits_80_gb_on_every_row() -> None:
+    """Full AC (``READING_BEFORE``) is a layout the model admits on every row: the rows ran, so some reading must."""
+    for p in production.predict_held_out(ac_mode="full"):
+        assert p.estimate.capacity_gib < 80 and p.estimate.fits, (p.row.key, p.estimate.peak_memory_gib)
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not met: 47-55 % below Llama 3's TFLOPs/GPU, as it is 40-51 % below Megatron-Core's (docs/planner.md)",
+    reason="the model's memory disagrees with the paper: 233-318 GiB for the 8K rows without AC, which Meta ran in "
+    "80 GB (its schedule and the freeing of stage inputs and outputs are not modelled; production.py docstring)",
+)
+def test_held_out_rows_fit_their_80_gb_as_read(preds: list[production.HeldOutPrediction]) -> None:
+    """Every published production run ran, so each should be predicted to fit on its 80 GB H100 as the paper ran it."""
+    assert all(p.estimate.fits for p in preds), [round(p.estimate.peak_memory_gib) for p in preds]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not met on the TorchTitan-fitted h100 constants: 29-55 % below Llama 3's TFLOPs/GPU, as they are 40-51 % "
+    "below Megatron-Core's (docs/planner.md); the nemo-h100-bf16 profile meets it (test_plan_stack.py)",
 )
 def test_held_out_tflops_within_15_percent(preds: list[production.HeldOutPrediction]) -> None:
     """The issue's bar, unmet (strict: passing would mean the notes and docs need updating)."""

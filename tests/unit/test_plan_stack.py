@@ -189,3 +189,14 @@ def test_leave_one_source_out_leaves_the_whole_source_out() -> None:
     assert len(moved) == len(twins)
     cov = loo_report.honest_coverage(v)
     assert cov["loso"]["rows"] == cov["loo"]["rows"] == len(obs) and 0 < cov["loso"]["inside"] <= 1
+
+
+def test_held_out_at_scale_meets_the_bars() -> None:
+    """Issue 38's bars on rows never fitted: NeMo's own BF16 multi-node rows on nemo-h100-bf16 (median <= 10 %) and
+    Meta's Llama 3 405B rows as the paper states them (median <= 15 %); the earlier reading (full AC on the 8K rows,
+    which the paper says it did not use) is the one that misses."""
+    nemo = [p.error for p in at_scale.predict_nemo() if "bf16" in p.key]
+    assert len(nemo) == 10 and at_scale._median(nemo) <= at_scale.NEMO_BAR
+    llama = [p.error for p in at_scale.predict_llama3()]
+    assert len(llama) == 3 and at_scale._median(llama) <= at_scale.LLAMA3_BAR, llama
+    assert at_scale._median([p.error for p in at_scale.predict_llama3("full")]) > at_scale.LLAMA3_BAR
