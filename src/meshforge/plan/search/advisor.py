@@ -17,7 +17,14 @@ from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs
 from meshforge.parallel.degrees import check_ep_degrees, check_ep_shape
 from meshforge.plan.hardware import GIB, HardwareProfile
-from meshforge.plan.layout import SPLIT_BACKWARD, Layout, check_layout, layout_args, with_stages
+from meshforge.plan.layout import (
+    SPLIT_BACKWARD,
+    Layout,
+    check_layout,
+    layout_args,
+    stage_layer_counts,
+    with_stages,
+)
 from meshforge.plan.physics.estimate import ASYNC_TP_CONFIRMED, Estimate, estimate
 from meshforge.plan.physics.levers import device_state_numel, effective, host_memory_gib
 from meshforge.plan.physics.levers import offloads_apply as levers_apply
@@ -73,13 +80,28 @@ def structures(args: ModelArgs, base: Layout, world: int, devices_per_node: int)
             if cp > 1 and (base.seq_len % (2 * cp) or base.seq_len // cp < MIN_CP_CHUNK):
                 continue
             for pp in divisors(world // (tp * cp)):
-                if pp > args.n_layers // 2:
+                if not pipeline_splits(args, base, pp):
                     continue
                 dp = world // (tp * cp * pp)
                 if global_seqs % dp:
                     continue
                 for rep in [1] + [dp // s for s in HSDP_SHARD_SIZES if s < dp and dp % s == 0]:
                     yield rep, dp // rep, cp, tp, pp
+
+
+def pipeline_splits(args: ModelArgs, base: Layout, pp: int) -> bool:
+    """Whether training can split the model into ``pp`` stages (parallel/pipeline/split.py split_evenly, the embedding
+    and the output weighted as first/last_stage_less_layers blocks): any degree up to n_layers + those, the first and
+    last stage then a block or more short. Each stage is priced with its own blocks (physics stage_costs / rank_parts),
+    so a pipeline deeper than n_layers / 2 is predicted with its real, uneven split. Schedules with more stages per rank
+    are checked per layout (check_layout)."""
+    if pp == 1:
+        return True
+    try:
+        stage_layer_counts(args.n_layers, replace(base, pp=pp, stages_per_rank=1))
+    except ConfigError:
+        return False
+    return True
 
 
 def ep_options(args: ModelArgs, rep: int, shard: int, cp: int) -> list[int]:
