@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.bench import schedule
+from meshforge.bench.auto_rows import resolve_auto_rows
 from meshforge.bench.machine import LoadSampler, machine_info, speed_probe, speed_summary
 from meshforge.bench.matrix import BenchMatrix, BenchRun, load_matrix
 from meshforge.bench.record import Repetition, make_record
@@ -98,6 +99,9 @@ def main(argv: list[str]) -> int:
     launch = make_launch(args)
     if launch.nnodes > 1:  # every node's driver must start the same jobs: a fixed count, no data-driven stopping
         matrix = dataclasses.replace(matrix, max_repeat=0)
+    matrix, picks = resolve_auto_rows(matrix, args.hardware) if not args.report_only else (matrix, {})
+    for name, pick in picks.items():
+        print(f"meshforge bench: run {name!r} is auto:\n{pick['why']}", flush=True)
     check_train_args(matrix)
     only = [n for n in args.only.split(",") if n]
     if args.list:
@@ -111,6 +115,8 @@ def main(argv: list[str]) -> int:
     else:
         plan = plan_sweep(matrix, out, force=args.force, retry_failed=args.retry_failed, only=only)
         results = sweep(matrix, plan, out, launch)
+        for record in results["runs"]:  # an auto row's pick, runner-up and why (bench/auto_rows.py)
+            record.update({"auto": picks[record["name"]]} if record["name"] in picks else {})
     if launch.node_rank != 0:
         return 0
     finish(matrix, results, out, args.compare_with, planner_hardware(args.hardware, results))

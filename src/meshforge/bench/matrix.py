@@ -23,6 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from meshforge.bench.auto_keys import check_auto_entries
 from meshforge.bench.ranks import oversubscribed, resolve_ranks
 from meshforge.bench.reference import figure
 from meshforge.errors import ConfigError
@@ -62,6 +63,8 @@ class BenchRun:
     """Extra train keys used only when no CUDA device is present (e.g. emulated Float8 matmuls on a CPU)."""
     fault_tolerance: bool = False
     """Run the dp_replicate dimension as that many torchft replica groups on one machine (bench/ft_rows.py)."""
+    auto: bool = False
+    """The planner picks the layout (bench/auto_rows.py, as `train --parallelism.auto`); resolved before the sweep."""
 
     @property
     def resolved_dp_shard(self) -> int:
@@ -278,6 +281,7 @@ def parse_matrix(tree: dict[str, Any], source: str = "", device: str = "") -> Be
     if unknown:
         raise ConfigError(f"unknown section [{unknown[0]}] in the bench matrix; use [bench], [[run]] and [[scaling]]")
     head = dict(tree.get("bench", {}))
+    check_auto_entries(tree.get("run", []))
     runs = [build_entry(BenchRun, entry, f"run[{i}]") for i, entry in enumerate(tree.get("run", []))]
     device = device or local_device()
     head, runs = resolve_ranks(head, runs, device)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from meshforge.bench import analysis, ft_rows
+from meshforge.bench import analysis, auto_rows, ft_rows
 from meshforge.bench import guide as bench_guide
 from meshforge.bench.reference import CLAIMS, article_ratio, figure
 from meshforge.bench.takeaway import takeaway_lines
@@ -326,6 +326,7 @@ def render_report(results: dict[str, Any], *, compare_with: str = "", plots_pref
         f"## Strategies (baseline: `{results['bench'].get('baseline') or '-'}`)",
         "",
         *main_table(results),
+        *auto_rows.report_lines(results),
         *ft_rows.cost_lines(results),
         *analysis.prediction_lines(results),
         *analysis.ranking_lines(results),
