@@ -18,6 +18,7 @@ from meshforge.config.io import ConfigError, load_config
 from meshforge.plan import report, shipped
 from meshforge.plan.accuracy import at_scale, calibrate, folds, loo, loo_report, production, published, stack, stack_fit
 from meshforge.plan.accuracy.interval import interval
+from meshforge.plan.accuracy.memory_fit import describe as describe_memory
 from meshforge.plan.guide import cli as guide_cli
 from meshforge.plan.hardware import HardwareProfile, auto_param_dtype, preset_names
 from meshforge.plan.layout import IMPLEMENTATIONS, layout_from_config
@@ -233,6 +234,7 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
             f"{row['tps_predicted']:,.1f} | {row['tps_error']:+.1%}{emulated} |"
         )
     mem_rows = [r for r in after if "memory_error" in r]
+    print(describe_memory(result.memory, hw, fitted, obs), end="")
     for row in mem_rows:
         print(
             f"memory {row['name']}: {row['memory_measured_gib']:.2f} GiB measured, {row['memory_predicted_gib']:.2f} "

@@ -16,7 +16,8 @@ from typing import Any
 
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import get_flavor
-from meshforge.plan.accuracy.fit import Fit, MemoryFit, Observation, allocated_gib, fit_memory, fit_time
+from meshforge.plan.accuracy.fit import Fit, MemoryFit, Observation, allocated_gib, fit_time
+from meshforge.plan.accuracy.memory_fit import fit_memory_terms
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, normalize_schedule, with_stages
 from meshforge.plan.physics.estimate import estimate
@@ -112,8 +113,8 @@ def fit_with_statistics(
     obs: Sequence[Observation], hw: HardwareProfile, names: Sequence[str] = TIME_CONSTANTS, spread: bool = True
 ) -> tuple[HardwareProfile, Fit, MemoryFit | None]:
     """The profile with ``names`` fitted to the runs' throughput and the memory constants to their peaks, and the
-    statistics of both fits (memory: None without a measured peak). The profile's spreads are the leave-one-out RMS
-    error of tokens/s and the in-sample relative residual of memory (two constants, linear: close to its LOO)."""
+    statistics of both fits (memory: None without a measured peak; memory_fit.py fits only the memory constants the
+    runs identify). The profile's spreads are the leave-one-out RMS log errors of tokens/s and of the peak."""
     runs = [o for o in obs if not o.emulated]
     time_fit = fit_time(runs, hw, names, prior=PRIOR_WEIGHT)
     profile = time_fit.apply(hw)
@@ -123,8 +124,7 @@ def fit_with_statistics(
     pairs = [(allocated_gib(o, profile), o.peak_memory_gib) for o in obs if o.peak_memory_gib]
     if not pairs:
         return profile, time_fit, None
-    eff = profile.efficiency
-    mem = fit_memory(pairs, eff.allocator_overhead, eff.framework_gib)
+    mem = fit_memory_terms(pairs, profile)
     profile = mem.apply(profile)
     return replace(profile, efficiency=replace(profile.efficiency, memory_log_sd=mem.residual_sd)), time_fit, mem
 

@@ -17,7 +17,8 @@ efficiency: the implementation's kernels; fit.FAMILY factor of the preset), ``fl
 run), ``network`` (only when a run spans more than one node: the constant is the share of the link bandwidth the
 collectives reach, one for both links, so one node's runs leave it, and every inter-node figure, at the hardware's),
 ``memory_bandwidth`` (element-wise work). fit.fit_time drops what the runs then cannot identify. On a CPU host the
-bench's constants (calibrate.TIME_CONSTANTS) are fitted as before.
+bench's constants (calibrate.TIME_CONSTANTS) are fitted as before. Runs with a memory figure fit the memory constants
+(memory_fit.py: the allocator slack and the fixed part, both only where the runs identify both).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import Any
 from meshforge.config.io import ConfigError, load_config
 from meshforge.plan import shipped
 from meshforge.plan.accuracy import calibrate
-from meshforge.plan.accuracy.fit import FAMILY, Fit, Observation, fit_time
+from meshforge.plan.accuracy.fit import FAMILY, Fit, MemoryFit, Observation, allocated_gib, fit_time
+from meshforge.plan.accuracy.memory_fit import fit_memory_terms
 from meshforge.plan.hardware import HardwareProfile, StackInfo, auto_param_dtype
 from meshforge.plan.layout import IMPLEMENTATIONS, layout_from_config
 
@@ -55,6 +57,8 @@ class StackFit:
     held: tuple[str, ...]
     determines: dict[str, tuple[str, ...]]
     sources: dict[str, str]
+    memory: MemoryFit | None = None
+    """The memory constants' fit (None: no run carries a memory figure)."""
 
 
 def read_runs(path: Path, hw: HardwareProfile) -> tuple[list[Observation], dict[str, str]]:
@@ -141,17 +145,26 @@ def fit_stack(
     kept = tuple(COMPUTE if c.name == family else c.name for c in result.constants)
     held = [*held, *(COMPUTE if d == family else d for d, _ in result.dropped)]
     profile = result.apply(hw)
+    mem = _fit_memory(obs, profile)
+    profile = mem.apply(profile) if mem else profile
     timed = [o for o in obs if not o.emulated]
     if len(timed) > len(kept) >= 1:
         sd = calibrate.loo_spread(timed, hw, names)
     else:  # as many constants as runs: no run is left to measure the spread; the one-node split's is used
         sd = max(hw.efficiency.tps_log_sd, shipped.SPLIT_LOG_SD)
-    eff = replace(profile.efficiency, tps_log_sd=sd)
+    eff = replace(
+        profile.efficiency, tps_log_sd=sd, memory_log_sd=mem.residual_sd if mem else hw.efficiency.memory_log_sd
+    )
     determines = {
         o.name: tuple(_label(c.name, family) for c in result.constants if o.name in c.determined_by) for o in obs
     }
     info = _info(name, hw, kept, tuple(held), obs, sources)
-    return StackFit(replace(profile, efficiency=eff, stack=info), result, kept, tuple(held), determines, sources)
+    return StackFit(replace(profile, efficiency=eff, stack=info), result, kept, tuple(held), determines, sources, mem)
+
+
+def _fit_memory(obs: Sequence[Observation], profile: HardwareProfile) -> MemoryFit | None:
+    pairs = [(allocated_gib(o, profile), o.peak_memory_gib) for o in obs if o.peak_memory_gib]
+    return fit_memory_terms(pairs, profile) if pairs else None
 
 
 def _label(name: str, family: str) -> str:
@@ -159,12 +172,12 @@ def _label(name: str, family: str) -> str:
 
 
 def _fit_cpu(obs: Sequence[Observation], hw: HardwareProfile, name: str, sources: dict[str, str]) -> StackFit:
-    profile, result, _ = calibrate.fit_with_statistics(obs, hw)
+    profile, result, mem = calibrate.fit_with_statistics(obs, hw)
     kept = tuple(c.name for c in result.constants)
     held = tuple(n for n in calibrate.TIME_CONSTANTS if n not in kept)
     determines = {o.name: tuple(c.name for c in result.constants if o.name in c.determined_by) for o in obs}
     info = _info(name, hw, kept, held, obs, sources)
-    return StackFit(replace(profile, stack=info), result, kept, held, determines, sources)
+    return StackFit(replace(profile, stack=info), result, kept, held, determines, sources, mem)
 
 
 def _info(
