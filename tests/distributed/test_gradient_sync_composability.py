@@ -36,7 +36,7 @@ JOBS: dict[str, tuple[int, mc.Job, list[str]]] = {
     "fsdp float8 keep": (2, {"layout": "fsdp", "model": "debugmodel", "float8": "rowwise", "ac": "none"}, KEEP),
     "cp keep": (2, {"layout": "cp_allgather", "model": "debugmodel", **OFF}, KEEP),
     "ep moe keep": (2, {"layout": "ep", "model": "debugmoe", **OFF}, KEEP),
-    "tp once": (2, {"layout": "tp", "model": "debugmodel", **OFF}, ONCE),
+    "tp keep": (2, {"layout": "tp", "model": "debugmodel", **OFF}, KEEP),
     "fsdp 2 x tp 2 keep": (4, {"layout": "fsdp_tp_nolp", "model": "debugmodel", **OFF}, KEEP),
     "hsdp 2 x 2 keep": (4, {"layout": "hsdp", "model": "debugmodel", **OFF}, KEEP),
     "pp 1F1B x fsdp 2 once": (4, {"layout": "pp_1F1B", "model": "debugmodel", **OFF}, [*PP_FSDP, *ONCE]),

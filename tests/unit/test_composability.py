@@ -152,3 +152,30 @@ def test_every_active_row_and_feature_is_checked() -> None:
     features = table.active_features(ac_mode="selective", ac_option="op", compile_enabled=True)
     assert features == ["ac_selective_op", "compile"]
     assert table.refusal(["fsdp", "ep"], ["ac_selective_op"]) is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "want"),
+    [
+        ([], set()),
+        (["--training.gradient_accumulation_steps", "2"], {"grad_sync_once"}),  # auto: once per step under GA
+        (["--training.gradient_accumulation_steps", "2", "--gradient_sync.mode", "every_microstep"], set()),
+        (
+            ["--training.gradient_accumulation_steps", "2", "--gradient_sync.regather", "keep"],
+            {"grad_sync_once", "regather_keep"},
+        ),
+        (
+            ["--gradient_sync.mode", "once_per_step", "--gradient_sync.regather", "keep"],
+            set(),
+        ),  # GA 1: nothing to defer
+    ],
+)
+def test_job_features_name_the_gradient_sync_columns(argv: list[str], want: set[str]) -> None:
+    """The [gradient_sync] columns a job's config turns on (what the table's grad_sync_once / regather_keep cells,
+    tests/distributed/test_gradient_sync_composability.py, are about) are the modes train_step runs."""
+    from meshforge.config.io import load_config
+    from meshforge.model.hf_config import resolve_model_args
+
+    cfg = load_config(None, ["--training.local_batch_size", "4", *argv])
+    columns = set(table.job_features(cfg, resolve_model_args(cfg.model, cfg.training.seq_len)))
+    assert columns & {"grad_sync_once", "regather_keep"} == want, columns

@@ -53,6 +53,8 @@ FEATURES: dict[str, str] = {
     "loss_chunks": "chunked loss (training.loss_chunks > 1)",
     "activation_offload": "activation offload",
     "cpu_offload": "FSDP CPU offload (training.enable_cpu_offload)",
+    "grad_sync_once": "one gradient exchange per step (gradient_sync once_per_step / auto, GA > 1)",
+    "regather_keep": "parameters kept gathered between micro-steps (gradient_sync.regather = keep)",
 }
 
 
@@ -70,6 +72,14 @@ _ZB_FIX = "activation_checkpoint.selective_ac_option = 2 (every 2nd block), or m
 _MOE_PARITY = "tests/distributed/test_moe_parity.py"
 _CHUNKED = "tests/distributed/test_chunked_loss_parity.py"
 _CHUNKED_TP = f"{_CHUNKED}::test_fsdp2_tp2_loss_parallel_chunked_loss_matches_unchunked"
+_GRAD_SYNC = "tests/distributed/test_gradient_sync_composability.py"
+_GRAD_SYNC_TEST = f"{_GRAD_SYNC}::test_once_per_step_matches_one_process_across_layouts_and_features"
+# one job per row at GA 2 against one process; FSDP's jobs also run it with CPU offload, activation offload, compile
+# (aot_eager) and Float8 rowwise; keep is ignored under PP (the schedule keeps its stages gathered), not claimed there
+_GRAD_SYNC_ROWS = {
+    "grad_sync_once": ("fsdp", "hsdp", "tp_sp", "loss_parallel", "cp_allgather", "ep", "pp_1F1B"),
+    "regather_keep": ("fsdp", "hsdp", "tp_sp", "loss_parallel", "cp_allgather", "ep"),
+}
 
 CELLS: dict[tuple[str, str], Cell] = {
     ("fsdp", "ac_none"): Cell("parity-tested", "tests/distributed/test_fsdp_parity.py"),
@@ -100,6 +110,7 @@ CELLS: dict[tuple[str, str], Cell] = {
     ("fsdp", "cpu_offload"): Cell(
         "parity-tested", "tests/distributed/test_cpu_offload.py::test_fsdp2_cpu_offload_matches_single_process"
     ),
+    **{(row, col): Cell("parity-tested", _GRAD_SYNC_TEST) for col, rows in _GRAD_SYNC_ROWS.items() for row in rows},
     **{
         (f"pp_{name}", "ac_selective_op"): Cell("refused", _ZB_REASON, _ZB_FIX)
         for name in SCHEDULES
@@ -235,7 +246,8 @@ def active_features(*, ac_mode: str, ac_option: str, compile_enabled: bool, floa
 
 def job_features(cfg: Any, model_args: Any) -> list[str]:
     """Every feature column a job uses, from its JobConfig and its resolved ModelArgs (duck-typed: torch-free)."""
-    ac, training, float8 = cfg.activation_checkpoint, cfg.training, cfg.quantize.dense.float8
+    ac, training, float8, sync = cfg.activation_checkpoint, cfg.training, cfg.quantize.dense.float8, cfg.gradient_sync
+    once = training.gradient_accumulation_steps > 1 and sync.mode != "every_microstep"  # parallel/gradient_sync.py
     out = active_features(
         ac_mode=ac.mode,
         ac_option=ac.selective_ac_option,
@@ -252,6 +264,8 @@ def job_features(cfg: Any, model_args: Any) -> list[str]:
         "loss_chunks": training.loss_chunks > 1,
         "activation_offload": ac.offload,
         "cpu_offload": training.enable_cpu_offload,
+        "grad_sync_once": once,
+        "regather_keep": once and sync.regather == "keep",
     }
     return out + [name for name, on in flags.items() if on]
 
