@@ -1,16 +1,25 @@
 """One gradient exchange per optimizer step ([gradient_sync] mode = once_per_step, regather = keep;
 parallel/gradient_sync.py) against one process, through the layouts and features it meets: FSDP 2 with FSDP CPU
-offload, with activation offload, with torch.compile (aot_eager) and with Float8; CP 2; EP 2 on the MoE model; TP 2.
-Each 2-rank job runs gradient_accumulation_steps 2 (half the local batch) and must match the single process on the
-whole global batch, same seed and data: losses and gradient norms to 1e-6 relative (fp32, as
-tests/distributed/test_gradient_sync.py compares them). The jobs share one launch of 2 ranks (a fresh process group
-and port each, as the composability matrix runs them: tests/distributed/test_composability_matrix.py) and the
-references one launch of 1; the composability table (parallel/composability.py) cites this test for the
-``grad_sync_once`` / ``regather_keep`` cells it proves."""
+offload, with activation offload, with torch.compile (aot_eager) and with Float8 rowwise; CP 2; EP 2 on the MoE
+model; TP 2; FSDP 2 x TP 2; HSDP 2 x 2; PP 1F1B x FSDP 2; torchft replica groups (2 groups x FSDP 2). Each job runs
+gradient_accumulation_steps 2 (half the local batch) and must match the single process on the whole global batch,
+same seed and data: losses and gradient norms to 1e-6 relative (fp32, as tests/distributed/test_gradient_sync.py
+compares them). The jobs of one world size share one launch (a fresh process group and port each, as the
+composability matrix runs them: tests/distributed/test_composability_matrix.py), the references one launch of 1,
+the torchft groups one ``meshforge train --nproc 4``. The composability table (parallel/composability.py) cites this
+test for the ``grad_sync_once`` / ``regather_keep`` cells it proves."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import matrix_cover as mc
@@ -65,13 +74,19 @@ def reference(world: int, job: mc.Job) -> tuple[str, list[str]]:
     ]
 
 
+@functools.cache
+def references() -> dict[str, tuple[str, Any]]:
+    """Every job's single-process run, in one launch of 1 rank (shared by the tests)."""
+    return launch(1, dict(reference(w, j) for w, j, _ in JOBS.values()))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_once_per_step_matches_one_process_across_layouts_and_features() -> None:
     runs: dict[str, tuple[str, Any]] = {}
     for world in (2, 4):  # one launch per world size
         runs |= launch(world, {name: job_overrides(w, j, x) for name, (w, j, x) in JOBS.items() if w == world})
-    refs = launch(1, dict(reference(w, j) for w, j, _ in JOBS.values()))
+    refs = references()
     problems = []
     for name, (world, job, _) in JOBS.items():
         status, got = runs[name]
@@ -89,3 +104,44 @@ def mismatches(got: list[Any], want: list[Any]) -> list[str]:
             if not math.isfinite(g) or abs(g - w) > RTOL * abs(w):
                 out.append(f"step {step} {what} {g!r} vs one process {w!r} (rtol {RTOL})")
     return out
+
+
+FT = ["--fault_tolerance.enable", "--fault_tolerance.local_replicas", "2", "--metrics.progress_bar", "false"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_fault_tolerant_groups_with_once_per_step_match_one_process(tmp_path: Path) -> None:
+    """torchft: 2 replica groups x FSDP 2 (``meshforge train --nproc 4``), GA 2, once_per_step with keep: FSDP
+    reduce-scatters inside a group at the last micro-step, torchft all-reduces the shards across the groups once after
+    it (train/fault_tolerance.py ``sync_gradients``). Each group logs its own half of the global batch: their mean
+    loss is the single process's, and each group's (global) grad norm is the single process's."""
+    pytest.importorskip("torchft", reason="needs torchft: pip install 'meshforge[ft]'")
+    from meshforge.train.ft_cli import descendants
+
+    job: mc.Job = {"layout": "fsdp", "model": "debugmodel", **OFF}  # FSDP 2 in each group
+    _, args = mc.overrides(job)
+    local = global_batch(4) // 4 // 2  # 2 groups x FSDP 2, 2 micro-steps
+    args += ["--training.local_batch_size", str(local), *KEEP, *FT, "--job.dump_folder", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshforge", "train", "--nproc", "4", *args],
+        env=env,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        for pid in descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    groups = [[json.loads(line) for line in (tmp_path / f"replica_{g}" / "metrics.jsonl").open()] for g in (0, 1)]
+    _, want = references()[reference(4, job)[0]]  # the whole global batch of 4 ranks
+    got = [(sum(r["loss"] for r in rs) / 2, rs[0]["grad_norm"], None) for rs in zip(*groups, strict=True)]
+    problems = mismatches(got, want)
+    norms = [(r0["grad_norm"], r1["grad_norm"]) for r0, r1 in zip(*groups, strict=True)]
+    problems += [f"the groups' grad norms differ: {pair}" for pair in norms if pair[0] != pair[1]]
+    assert not problems, "\n".join(problems)

@@ -76,6 +76,7 @@ _GRAD_SYNC = "tests/distributed/test_gradient_sync_composability.py"
 _GRAD_SYNC_TEST = f"{_GRAD_SYNC}::test_once_per_step_matches_one_process_across_layouts_and_features"
 # one job per row at GA 2 against one process; FSDP's jobs also run it with CPU offload, activation offload, compile
 # (aot_eager) and Float8 rowwise; keep is ignored under PP (the schedule keeps its stages gathered), not claimed there
+# torchft replica groups (no row) too: test_fault_tolerant_groups_with_once_per_step_match_one_process, same file
 _GRAD_SYNC_ROWS = {
     "grad_sync_once": ("fsdp", "hsdp", "tp_sp", "loss_parallel", "cp_allgather", "ep", "pp_1F1B"),
     "regather_keep": ("fsdp", "hsdp", "tp_sp", "loss_parallel", "cp_allgather", "ep"),
