@@ -80,3 +80,14 @@ def test_the_report_puts_the_pick_beside_the_fastest_measured_run() -> None:
     assert "predicted 1,000.0, measured 400.0" in text and "runner-up FSDP 2 x PP 2 (predicted 950.0)" in text
     assert "fastest measured at 4 ranks: FSDP 2 x PP 2 (1F1B), 450.0" in text
     assert auto_rows.report_lines({"runs": runs[1:]}) == []
+
+
+def test_the_shipped_auto_preset_resolves_at_4_ranks(no_exact_run: None) -> None:
+    """configs/bench/auto.toml: its auto row and every other row at 4 ranks on the default's job."""
+    from meshforge.bench.matrix import load_matrix
+
+    matrix = load_matrix("configs/bench/auto.toml")
+    assert [r.name for r in matrix.runs if r.auto] == ["auto"] and {r.ranks for r in matrix.runs} == {4}
+    resolved, picks = auto_rows.resolve_auto_rows(matrix, "cpu", "cpu")
+    assert resolved.run("auto").describe().startswith("auto -> ") and not any(r.auto for r in resolved.runs)
+    assert picks["auto"]["hardware"] == "cpu"
