@@ -26,71 +26,79 @@ import matrix_cover as mc
 import pytest
 from test_composability_matrix import launch
 
+from meshforge.parallel.pipeline.catalog import SCHEDULES
+
 pytestmark = pytest.mark.distributed
 RTOL = 1e-6
 ONCE = ["--training.gradient_accumulation_steps", "2", "--gradient_sync.mode", "once_per_step"]
 KEEP = [*ONCE, "--gradient_sync.regather", "keep"]
 OFF = {"float8": "off", "ac": "none"}
-PP_FSDP = ["--parallelism.data_parallel_shard_degree", "2"]  # with the matrix's pp_1F1B layout: 4 ranks
+PP_FSDP = ["--parallelism.data_parallel_shard_degree", "2"]  # with the matrix's pp_<schedule> layout: 4 ranks
+PP_BATCH = {"DualPipeV": 16}  # 4 microbatches of 1 per micro-step and rank (one per stage); the others: 2
 JOBS: dict[str, tuple[int, mc.Job, list[str]]] = {
-    # name: (ranks, matrix job: layout, model, features; extra overrides)
-    "fsdp cpu_offload": (2, {"layout": "fsdp", "model": "debugmodel", **OFF}, [*ONCE, "--training.enable_cpu_offload"]),
+    # name: (global batch, matrix job: layout, model, features; extra overrides)
+    "fsdp cpu_offload": (4, {"layout": "fsdp", "model": "debugmodel", **OFF}, [*ONCE, "--training.enable_cpu_offload"]),
     "fsdp cpu_offload keep": (
-        2,
+        4,
         {"layout": "fsdp", "model": "debugmodel", **OFF},
         [*KEEP, "--training.enable_cpu_offload"],
     ),
-    "fsdp activation_offload keep": (2, {"layout": "fsdp", "model": "debugmodel", **OFF, "offload": "on"}, KEEP),
-    "fsdp compile keep": (2, {"layout": "fsdp", "model": "debugmodel", **OFF, "compile": "on"}, KEEP),
-    "fsdp float8 keep": (2, {"layout": "fsdp", "model": "debugmodel", "float8": "rowwise", "ac": "none"}, KEEP),
-    "cp keep": (2, {"layout": "cp_allgather", "model": "debugmodel", **OFF}, KEEP),
-    "ep moe keep": (2, {"layout": "ep", "model": "debugmoe", **OFF}, KEEP),
-    "tp keep": (2, {"layout": "tp", "model": "debugmodel", **OFF}, KEEP),
-    "fsdp 2 x tp 2 keep": (4, {"layout": "fsdp_tp_nolp", "model": "debugmodel", **OFF}, KEEP),
-    "hsdp 2 x 2 keep": (4, {"layout": "hsdp", "model": "debugmodel", **OFF}, KEEP),
-    "pp 1F1B x fsdp 2 once": (4, {"layout": "pp_1F1B", "model": "debugmodel", **OFF}, [*PP_FSDP, *ONCE]),
+    "fsdp activation_offload keep": (4, {"layout": "fsdp", "model": "debugmodel", **OFF, "offload": "on"}, KEEP),
+    "fsdp compile keep": (4, {"layout": "fsdp", "model": "debugmodel", **OFF, "compile": "on"}, KEEP),
+    "fsdp float8 keep": (4, {"layout": "fsdp", "model": "debugmodel", "float8": "rowwise", "ac": "none"}, KEEP),
+    "cp keep": (4, {"layout": "cp_allgather", "model": "debugmodel", **OFF}, KEEP),
+    "cp ring keep": (4, {"layout": "cp_ring", "model": "debugmodel", **OFF}, KEEP),
+    "ep moe keep": (4, {"layout": "ep", "model": "debugmoe", **OFF}, KEEP),
+    "tp keep": (4, {"layout": "tp", "model": "debugmodel", **OFF}, KEEP),
+    "fsdp 2 x tp 2 keep": (8, {"layout": "fsdp_tp_nolp", "model": "debugmodel", **OFF}, KEEP),
+    "hsdp 2 x 2 keep": (8, {"layout": "hsdp", "model": "debugmodel", **OFF}, KEEP),  # one sample per micro-step
+    **{
+        f"pp {name} x fsdp 2 once": (
+            PP_BATCH.get(name, 8),
+            {"layout": f"pp_{name}", "model": "debugmodel", **OFF},
+            [*PP_FSDP, *ONCE],
+        )
+        for name in SCHEDULES
+    },
 }
 
 
-def job_overrides(world: int, job: mc.Job, extra: list[str]) -> list[str]:
-    """The matrix job's overrides at half the local batch of the global batch (``global_batch``), then ``extra``."""
+def world(job: mc.Job, extra: list[str]) -> int:
+    """The job's ranks: its matrix layout's, twice that with FSDP 2 under a pipeline."""
+    return mc.LAYOUTS[job["layout"]][0] * (2 if PP_FSDP[0] in extra else 1)
+
+
+def job_overrides(batch: int, job: mc.Job, extra: list[str]) -> list[str]:
+    """The matrix job's overrides with half the local batch of the global ``batch`` (2 micro-steps), then ``extra``."""
     _, args = mc.overrides(job, compile_backend="aot_eager")
     dp = mc.DP.get(job["layout"], 1) * (2 if PP_FSDP[0] in extra else 1)
-    return [*args, "--training.local_batch_size", str(global_batch(world) // dp // 2), *extra]
+    return [*args, "--training.local_batch_size", str(batch // dp // 2), *extra]
 
 
-def global_batch(world: int) -> int:
-    """The matrix's global batch on 2 ranks; twice it on 4 (HSDP 2 x 2: one sample per rank and micro-step)."""
-    return mc.GLOBAL_BATCH * world // 2
-
-
-def reference(world: int, job: mc.Job) -> tuple[str, list[str]]:
+def reference(batch: int, job: mc.Job) -> tuple[str, list[str]]:
     """The single process a job compares with (name, overrides): its model and numerics, the whole global batch."""
     key = mc.reference_key(job)
-    return f"{key} x {global_batch(world)}", [
-        *mc.reference_overrides(key),
-        "--training.local_batch_size",
-        str(global_batch(world)),
-    ]
+    return f"{key} x {batch}", [*mc.reference_overrides(key), "--training.local_batch_size", str(batch)]
 
 
 @functools.cache
 def references() -> dict[str, tuple[str, Any]]:
     """Every job's single-process run, in one launch of 1 rank (shared by the tests)."""
-    return launch(1, dict(reference(w, j) for w, j, _ in JOBS.values()))
+    return launch(1, dict(reference(b, j) for b, j, _ in JOBS.values()))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_once_per_step_matches_one_process_across_layouts_and_features() -> None:
     runs: dict[str, tuple[str, Any]] = {}
-    for world in (2, 4):  # one launch per world size
-        runs |= launch(world, {name: job_overrides(w, j, x) for name, (w, j, x) in JOBS.items() if w == world})
+    for ranks in (2, 4):  # one launch per world size
+        batch = {name: job_overrides(b, j, x) for name, (b, j, x) in JOBS.items() if world(j, x) == ranks}
+        runs |= launch(ranks, batch)
     refs = references()
     problems = []
-    for name, (world, job, _) in JOBS.items():
+    for name, (batch, job, _) in JOBS.items():
         status, got = runs[name]
-        ref_status, want = refs[reference(world, job)[0]]
+        ref_status, want = refs[reference(batch, job)[0]]
         assert status == ref_status == "ran", (name, runs[name], ref_status)
         problems += [f"{name}: {p}" for p in mismatches(got, want)]
     assert not problems, "\n".join(problems)
@@ -121,7 +129,7 @@ def test_fault_tolerant_groups_with_once_per_step_match_one_process(tmp_path: Pa
 
     job: mc.Job = {"layout": "fsdp", "model": "debugmodel", **OFF}  # FSDP 2 in each group
     _, args = mc.overrides(job)
-    local = global_batch(4) // 4 // 2  # 2 groups x FSDP 2, 2 micro-steps
+    local = 8 // 4 // 2  # a global batch of 8: 2 groups x FSDP 2, 2 micro-steps
     args += ["--training.local_batch_size", str(local), *KEEP, *FT, "--job.dump_folder", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"}
     proc = subprocess.Popen(
@@ -139,7 +147,7 @@ def test_fault_tolerant_groups_with_once_per_step_match_one_process(tmp_path: Pa
                 os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 0, err[-3000:]
     groups = [[json.loads(line) for line in (tmp_path / f"replica_{g}" / "metrics.jsonl").open()] for g in (0, 1)]
-    _, want = references()[reference(4, job)[0]]  # the whole global batch of 4 ranks
+    _, want = references()[reference(8, job)[0]]  # the whole global batch of 4 ranks
     got = [(sum(r["loss"] for r in rs) / 2, rs[0]["grad_norm"], None) for rs in zip(*groups, strict=True)]
     problems = mismatches(got, want)
     norms = [(r0["grad_norm"], r1["grad_norm"]) for r0, r1 in zip(*groups, strict=True)]

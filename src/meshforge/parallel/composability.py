@@ -77,9 +77,10 @@ _GRAD_SYNC_TEST = f"{_GRAD_SYNC}::test_once_per_step_matches_one_process_across_
 # one job per row at GA 2 against one process; FSDP's jobs also run it with CPU offload, activation offload, compile
 # (aot_eager) and Float8 rowwise; keep is ignored under PP (the schedule keeps its stages gathered), not claimed there
 # torchft replica groups (no row) too: test_fault_tolerant_groups_with_once_per_step_match_one_process, same file
+_GRAD_SYNC_KEEP = ("fsdp", "hsdp", "tp_sp", "loss_parallel", "cp_allgather", "cp_ring", "ep")
 _GRAD_SYNC_ROWS = {
-    "grad_sync_once": ("fsdp", "hsdp", "tp_sp", "loss_parallel", "cp_allgather", "ep", "pp_1F1B"),
-    "regather_keep": ("fsdp", "hsdp", "tp_sp", "loss_parallel", "cp_allgather", "ep"),
+    "grad_sync_once": (*_GRAD_SYNC_KEEP, *(f"pp_{name}" for name in SCHEDULES)),  # each schedule x FSDP 2
+    "regather_keep": _GRAD_SYNC_KEEP,
 }
 
 CELLS: dict[tuple[str, str], Cell] = {
