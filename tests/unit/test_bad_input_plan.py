@@ -116,3 +116,54 @@ def test_fault_tolerance_figures_must_be_finite(
 def test_guide_models_must_name_known_flavors(models: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "--guide", "--hardware", "h100", "--world-sizes", "8", "--seq-lens", "8192", "--models", models]
     assert says in one_line(argv, capsys)
+
+
+NEMO = (
+    "--model.flavor 8B --training.seq_len 8192 --training.local_batch_size 1 "
+    "--parallelism.data_parallel_shard_degree 4 --parallelism.context_parallel_degree 2"
+)
+RUNS = {
+    "unbalanced quote": (
+        f'[[run]]\nworld_size = 8\nargs = "{NEMO} \\"unterminated"\ntokens_per_s_per_device = 10153\n',
+        "runs.toml run 1: args = ",
+        "cannot be split into flags (No closing quotation): fix its quoting",
+    ),
+    "runs not tables": ("run = [1, 2]\n", "runs.toml run 1: 1 is not a table", "write each run as a [[run]] table"),
+    "degree not dividing": (
+        f'[[run]]\nworld_size = 8\nargs = "{NEMO}"\ntokens_per_s_per_device = 10153\n'
+        '[[run]]\nname = "tp3"\nworld_size = 8\nargs = "--model.flavor 8B --parallelism.tensor_parallel_degree 3"\n'
+        "tokens_per_s_per_device = 9000\n",
+        "runs.toml run 2 (tp3): world_size 8 is not divisible by tensor_parallel_degree 3",
+        "fix the run's world_size or its args",
+    ),
+    "degrees not the world": (
+        '[[run]]\nworld_size = 8\nargs = "--model.flavor 8B --parallelism.data_parallel_shard_degree 2"\n'
+        "tokens_per_s_per_device = 9000\n",
+        "runs.toml run 1: data_parallel_shard_degree 2 = 2, not world_size 8",
+        "fix the run's world_size or its args",
+    ),
+    "above the peak": (
+        f'[[run]]\nworld_size = 8\nargs = "{NEMO}"\ntokens_per_s_per_device = 81224\n',  # a node's figure, not a GPU's
+        "runs.toml run 1: tokens_per_s_per_device = 81,224 is above 19,222",
+        "at 100 % of h100's BF16 peak",
+    ),
+    "below the state": (
+        f'[[run]]\nworld_size = 8\nargs = "{NEMO}"\ntokens_per_s_per_device = 10153\nmemory_gib = 5\n',
+        "runs.toml run 1: memory_gib = 5 is below 15.0 GiB",
+        "fp32 parameters, gradients and AdamW state",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(RUNS))
+def test_a_runs_file_with_a_malformed_or_impossible_run_is_one_line(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 38's review: a runs file that shlex cannot split, runs that are not tables, degrees that do not divide
+    the run's world_size, tokens/s above the peak's, memory below the state's: one line naming the file and the run
+    (never --world-size, which a runs file does not have), exit 2."""
+    text, says, fix = RUNS[case]
+    (tmp_path / "runs.toml").write_text(text)
+    argv = ["plan", "--calibrate", str(tmp_path / "runs.toml"), "--hardware", "h100", "--out", str(tmp_path / "o")]
+    err = one_line(argv, capsys)
+    assert says in err and fix in err and "--world-size" not in err, err

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from meshforge.cli import main
-from meshforge.plan import shipped
+from meshforge.config.io import ConfigError
+from meshforge.plan import report, shipped
 from meshforge.plan.accuracy import at_scale, folds, loo, loo_report, stack, stack_fit
-from meshforge.plan.hardware import load_hardware
+from meshforge.plan.hardware import StackInfo, load_hardware
 from meshforge.plan.physics.estimate import estimate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,3 +201,77 @@ def test_held_out_at_scale_meets_the_bars() -> None:
     llama = [p.error for p in at_scale.predict_llama3()]
     assert len(llama) == 3 and at_scale._median(llama) <= at_scale.LLAMA3_BAR, llama
     assert at_scale._median([p.error for p in at_scale.predict_llama3("full")]) > at_scale.LLAMA3_BAR
+
+
+def test_a_run_the_memory_model_says_cannot_fit_is_kept_and_flagged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """405B on FSDP 8 x TP 8 of H100s ran (the runs file says so) but the planner predicts more than 80 GiB: the run
+    is fitted, and one line on stderr names it, the predicted and the device's GiB, and what must be wrong."""
+    args = "--model.flavor 405B --parallelism.data_parallel_shard_degree 8 --parallelism.tensor_parallel_degree 8"
+    runs = tmp_path / "runs.toml"
+    runs.write_text(f'[[run]]\nname = "big"\nworld_size = 64\nargs = "{args}"\ntokens_per_s_per_device = 100\n')
+    argv = ["plan", "--calibrate", str(runs), "--hardware", "h100", "--out", str(tmp_path / "s.toml")]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: run 'big' ran, but the planner predicts"), err
+    assert "GiB per device for its layout (device 80 GiB)" in lines[0] and "run's args" in lines[0]
+    assert "| big |" in out  # kept: fitted and reported
+    runs.write_text(
+        runs.read_text()
+        .replace("tensor_parallel_degree 8", "tensor_parallel_degree 8 --parallelism.pipeline_parallel_degree 8")
+        .replace("world_size = 64", "world_size = 512")
+    )
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""  # a layout that fits: no warning
+
+
+def _table_rows(text: str, header: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    return [line for line in lines[start:] if line.startswith("|")][: len(lines)]
+
+
+def _cells(row: str) -> int:
+    return len(row.replace("\\|", "").strip().strip("|").split("|"))
+
+
+def test_calibrate_labels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38's review of --calibrate's output: default run names and a name with '|' do not split the markdown
+    tables' rows; the constants table names compute as the text does; calibrating on a stack names the stack whose
+    constants are held; an unknown --hardware lists the shipped stacks; a stack holding nothing reads as a sentence."""
+    runs = tmp_path / "runs.toml"
+    runs.write_text(
+        f'[[run]]\nworld_size = 8\nargs = "{NEMO_ARGS}"\ntokens_per_s_per_device = 10153\n'
+        '[[run]]\nname = "a|b"\nworld_size = 8\nargs = "--model.flavor 8B"\ntokens_per_s_per_device = 9000\n'
+    )
+    argv = ["plan", "--calibrate", str(runs), "--hardware", "nemo-h100-fp8", "--out", str(tmp_path / "s.toml")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    constants = _table_rows(out, "| constant |")
+    runs_table = _table_rows(out, "| run |")
+    assert all(_cells(r) == 4 for r in constants[:3]), constants
+    assert all(_cells(r) == 7 for r in runs_table[:4]), runs_table
+    assert "| compute |" in out and "family:" not in out
+    assert "held at nemo-h100-fp8's: float8_speedup 1.78" in out and "held at h100's" not in out
+    with pytest.raises(ConfigError, match=r"a stack \(torchtitan-h100, nemo-h100-bf16, nemo-h100-fp8\)"):
+        stack.load_profile("h10")
+    empty = replace(stack.load_profile("nemo-h100-bf16"), stack=StackInfo("s", "h100", ("compute",), (), (8,)))
+    est = estimate(stack_fit.read_runs(runs, load_hardware("h100"))[0][0].layout, empty)
+    est = replace(est, layout=replace(est.layout, dp_shard=32))  # 64 GPUs: past the stack's node
+    note = report.stack_note(est, empty)
+    assert "never measured: inter-node links are h100's (not this stack's)" in note, note
+
+
+def test_guide_on_a_stack_names_it_and_its_one_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--guide --hardware STACK.toml titles guide.md with the stack's path (not the datasheet's preset) and says that
+    past its one node the cells use the hardware's inter-node constants."""
+    profile = tmp_path / "my-stack.toml"
+    stack.save(stack.load_profile("nemo-h100-bf16"), profile)
+    argv = ["plan", "--guide", "--hardware", str(profile), "--world-sizes", "8,16", "--seq-lens", "8192"]
+    assert main([*argv, "--models", "8B", "--out", str(tmp_path / "g"), "--no-cache"]) == 0
+    capsys.readouterr()
+    text = (tmp_path / "g" / "guide.md").read_text()
+    assert text.splitlines()[0] == f"# meshforge plan --guide --hardware {profile}"
+    assert "Stack 'nemo-h100-bf16': fitted" in text and "the cells at 16 GPUs use h100's inter-node links" in text

@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 from meshforge.config.io import ConfigError, load_config
 from meshforge.plan import report, shipped
-from meshforge.plan.accuracy import at_scale, calibrate, folds, loo, loo_report, production, published, stack, stack_fit
+from meshforge.plan.accuracy import (
+    at_scale,
+    calibrate,
+    folds,
+    loo,
+    loo_report,
+    production,
+    published,
+    stack,
+    stack_fit,
+)
+from meshforge.plan.accuracy.fit import FAMILY, Observation
 from meshforge.plan.accuracy.interval import interval
 from meshforge.plan.accuracy.memory_fit import describe as describe_memory
 from meshforge.plan.guide import cli as guide_cli
@@ -75,7 +87,10 @@ def main(argv: list[str]) -> int:
     if opts.article:
         return run_article(opts)
     if not opts.hardware:
-        raise ConfigError(f"--hardware is required: a preset ({', '.join(preset_names())}) or a TOML profile")
+        raise ConfigError(
+            f"--hardware is required: a preset ({', '.join(preset_names())}), a stack ({', '.join(shipped.STACKS)}) "
+            "or a TOML profile"
+        )
     hw = stack.load_profile(opts.hardware)
     if opts.guide:
         return guide_cli.run_guide(opts, overrides, hw)
@@ -196,12 +211,16 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
         obs, sources = stack_fit.read_runs(path, hw)
     else:
         obs, sources = calibrate.read_results(path), {}
+        for o in obs:
+            calibrate.check_run(o, hw, f"--calibrate {path} run {o.name!r}")
+    for line in calibrate.run_warnings(obs, hw):
+        print(line, file=sys.stderr)
     out = Path(opts.out) if opts.out else path.parent / f"hardware-{hw.name}-calibrated.toml"
     before = calibrate.compare(obs, hw)
     result = stack_fit.fit_stack(obs, hw, out.stem, sources)
     fitted = result.profile
     after = calibrate.compare(obs, fitted)
-    stats = report.fit_statistics(result.fit, None, hw) if result.fit is not None else {}
+    stats = _labelled(report.fit_statistics(result.fit, None, hw), hw) if result.fit is not None else {}
     stack.save(fitted, out)
     spec_names = [k for k in calibrate.TIME_CONSTANTS if not hasattr(fitted.efficiency, k)]
     fitted_spec = {k: getattr(fitted.spec, k) for k in spec_names}
@@ -219,10 +238,44 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
         body |= {"stack": stack_json, "fit": stats, "runs": after, "runs_before_fit": before}
         print(json.dumps(body, indent=2))
         return 0
-    print(f"calibrated stack {info.name!r} on {hw.name}'s datasheet from {len(obs)} runs of {path}; written to {out}")
+    _print_calibration(path, out, hw, obs, result, stats, before, after)
+    return 0
+
+
+def _cell(text: str) -> str:
+    """Text inside a markdown table cell: a '|' would split the row."""
+    return text.replace("|", "\\|")
+
+
+def _labelled(stats: dict[str, Any], hw: HardwareProfile) -> dict[str, Any]:
+    """The fit's statistics with the compute factor named as the rest of --calibrate's output names it (fit.py's
+    family factor of the preset, e.g. family:h100, is 'compute')."""
+    family = FAMILY + hw.spec.name
+    for c in stats["constants"]:
+        c["name"] = stack_fit.COMPUTE if c["name"] == family else c["name"]
+    for d in stats["dropped"]:
+        d["name"] = stack_fit.COMPUTE if d["name"] == family else d["name"]
+    return stats
+
+
+def _print_calibration(
+    path: Path,
+    out: Path,
+    hw: HardwareProfile,
+    obs: list[Observation],
+    result: stack_fit.StackFit,
+    stats: dict[str, Any],
+    before: list[dict[str, Any]],
+    after: list[dict[str, Any]],
+) -> None:
+    """--calibrate's text output: the fit, its statistics, predicted vs measured per run, the memory fit."""
+    fitted = result.profile
+    assert fitted.stack is not None
+    base = f"{hw.stack.name}'s constants on {hw.name}'s datasheet" if hw.stack else f"{hw.name}'s datasheet"
+    print(f"calibrated stack {fitted.stack.name!r} on {base} from {len(obs)} runs of {path}; written to {out}")
     print(report.format_stack_fit(result, hw))
     if stats:
-        print(report.format_fit_statistics(stats))
+        print(report.format_fit_statistics(_escaped(stats)))
     print("\n| run | layout | determines | TPS measured | predicted before | after | error |")
     print("|---|---|---|---:|---:|---:|---:|")
     for row, old in zip(after, before, strict=True):
@@ -230,7 +283,7 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
         emulated = " (emulated Float8: not fitted)" if row["emulated"] else ""
         layout = row["layout"].replace(" | ", "; ")
         print(
-            f"| {row['name']} | {layout} | {what} | {row['tps_measured']:,.1f} | {old['tps_predicted']:,.1f} | "
+            f"| {_cell(row['name'])} | {layout} | {what} | {row['tps_measured']:,.1f} | {old['tps_predicted']:,.1f} | "
             f"{row['tps_predicted']:,.1f} | {row['tps_error']:+.1%}{emulated} |"
         )
     mem_rows = [r for r in after if "memory_error" in r]
@@ -246,4 +299,9 @@ def run_calibrate(opts: argparse.Namespace, hw: HardwareProfile) -> int:
     print(
         f"\nwithin 25 %: throughput {within} of {len(fitted_rows)} fitted runs, memory {mem_within} of {len(mem_rows)}"
     )
-    return 0
+
+
+def _escaped(stats: dict[str, Any]) -> dict[str, Any]:
+    """The statistics with the run names in 'determined by' safe inside a markdown cell."""
+    constants = [c | {"determined_by": [_cell(n) for n in c["determined_by"]]} for c in stats["constants"]]
+    return stats | {"constants": constants}

@@ -124,10 +124,15 @@ def stack_note(est: Estimate, hw: HardwareProfile) -> str:
     if info.world_sizes and max(info.world_sizes) <= node < est.layout.world_size:
         text += (
             f"; {est.layout.world_size} GPUs span {-(-est.layout.world_size // node)} nodes, which its one-node runs "
-            f"never measured: inter-node links and {', '.join(info.held)} are {info.hardware}'s (not this stack's), "
+            f"never measured: {_held_text(info)} are {info.hardware}'s (not this stack's), "
             f"and the interval's spread is the measured one-node -> multi-node error (shipped.SPLIT_LOG_SD)"
         )
     return text
+
+
+def _held_text(info: StackInfo) -> str:
+    """'inter-node links and X, Y' (the links alone when the stack holds no constant)."""
+    return "inter-node links" + (f" and {', '.join(info.held)}" if info.held else "")
 
 
 def _worlds(info: StackInfo) -> str:
@@ -137,12 +142,14 @@ def _worlds(info: StackInfo) -> str:
 def format_stack_fit(result: StackFit, hw: HardwareProfile) -> str:
     """What a stack calibration fitted (with the values), what it held at the hardware's and why, and its spread."""
     eff, base = result.profile.efficiency, hw.efficiency
+    source = hw.stack.name if hw.stack is not None else hw.name  # whose constants the calibration started from
+    links = f"and network stay at {source}'s" if source == hw.name else f"stay at {hw.name}'s, network at {source}'s"
     lines = []
     for name in result.fitted:
         if name == "compute":
             factor = eff.matmul / base.matmul
             lines.append(
-                f"fitted compute: x{factor:.3f} on {hw.name}'s matmul and attention efficiency -> matmul "
+                f"fitted compute: x{factor:.3f} on {source}'s matmul and attention efficiency -> matmul "
                 f"{eff.matmul:.4g}, attention {eff.attention:.4g}"
             )
         elif hasattr(eff, name):
@@ -152,11 +159,11 @@ def format_stack_fit(result: StackFit, hw: HardwareProfile) -> str:
     held = ", ".join(f"{n} {getattr(base, n):.4g}" for n in result.held if n != "compute" and hasattr(base, n))
     info = result.profile.stack
     if held:
-        lines.append(f"held at {hw.name}'s: {held}")
+        lines.append(f"held at {source}'s: {held}")
     if info is not None and hw.spec.is_gpu and max(info.world_sizes) <= hw.spec.devices_per_node:
         lines.append(
             f"runs on one node (<= {hw.spec.devices_per_node} GPUs): no inter-node constant is identified; the "
-            f"inter-node links and network stay at {hw.name}'s, and predictions past one node say so"
+            f"inter-node links {links}, and predictions past one node say so"
         )
     lines.append(f"spread (tps_log_sd, the interval's +-1 sd): {eff.tps_log_sd:.4f}")
     return "\n".join(lines)

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.config.io import ConfigError
-from meshforge.model.flavors import get_flavor
+from meshforge.model.flavors import flops_per_token, get_flavor
 from meshforge.plan.accuracy.fit import Fit, MemoryFit, Observation, allocated_gib, fit_time
 from meshforge.plan.accuracy.memory_fit import fit_memory_terms
 from meshforge.plan.hardware import HardwareProfile
-from meshforge.plan.layout import Layout, normalize_schedule, with_stages
+from meshforge.plan.layout import Layout, layout_args, normalize_schedule, with_stages
 from meshforge.plan.physics.estimate import estimate
+from meshforge.plan.physics.memory import STATE_BYTES
 
 TIME_CONSTANTS = ("matmul", "memory_bandwidth", "network", "intra_node_latency", "stage_overhead")
 """What --calibrate fits by default: compute, element-wise and communication efficiency, the per-step latency of
@@ -163,4 +164,78 @@ def compare(obs: Sequence[Observation], hw: HardwareProfile) -> list[dict[str, A
                 "memory_error": est.peak_memory_gib / o.peak_memory_gib - 1,
             }
         out.append(row)
+    return out
+
+
+# Physical checks of a measured run before a fit (issue 38's review).
+# A run the fit must refuse (one-line ConfigError naming the run, the bound and the fix):
+#
+# * tokens/s per device above what the device's peak allows at 100 % MFU. The bound is the datasheet's nominal peak
+#   (the Float8 peak for a Float8 run, where the device has one; no clock derate) over the fewest FLOPs a token needs:
+#   6 x the (active, non-embedding) parameters plus the causal half of model/flavors.flops_per_token's attention term
+#   (a causal kernel skips the masked half of the score matrix). Real runs also recompute activations, communicate
+#   and run element-wise work, so no run reaches it; a figure above it is a typo or the wrong unit (per node, global).
+#   Only on GPUs: a CPU host's peaks are a probe's, per probe thread, not a datasheet's ceiling.
+# * a memory figure below what the layout must hold on the device whatever the implementation: the planner's sharded
+#   fp32 parameters, gradients and AdamW state of the pipeline rank it prices (physics/memory.py STATE_BYTES; CPU
+#   offload's host share excluded). Activations, buffers and allocator slack come on top; they are the
+#   implementation's and are not part of the floor.
+#
+# A run to keep but flag (``run_warnings``): one whose layout the planner's memory model says does not fit the device.
+# The run ran, so the memory model or the run's args (its AC, offload, degrees) are wrong.
+
+
+def min_flops_per_token(obs: Observation) -> float:
+    """The fewest training FLOPs a token of the run's model needs: flops_per_token with causal attention."""
+    args = layout_args(obs.layout)
+    full_attention = 12 * args.n_layers * args.n_heads * args.head_dim * obs.layout.seq_len
+    return flops_per_token(args, obs.layout.seq_len) - full_attention / 2
+
+
+def max_tps_per_device(obs: Observation, hw: HardwareProfile) -> float:
+    """Tokens/s per device at 100 % of the datasheet's nominal peak (the Float8 one for a Float8 run)."""
+    spec = hw.spec
+    peak = max(spec.peak_bf16_flops, spec.peak_fp8_flops if obs.layout.float8 else 0.0)
+    return peak / min_flops_per_token(obs)
+
+
+def memory_floor_gib(obs: Observation, hw: HardwareProfile) -> float:
+    """The sharded fp32 parameters, gradients and optimizer state the planner puts on the priced pipeline rank."""
+    mem = estimate(obs.layout, hw).memory
+    return mem.parameters * (1 + STATE_BYTES["grads"] / STATE_BYTES["params"]) + mem.optimizer
+
+
+def check_run(obs: Observation, hw: HardwareProfile, where: str) -> None:
+    """Refuse a run whose throughput or memory figure is physically impossible (module docstring)."""
+    if hw.spec.is_gpu:
+        bound = max_tps_per_device(obs, hw)
+        if obs.tps_per_device > bound:
+            peak = "Float8" if obs.layout.float8 and hw.spec.peak_fp8_flops else "BF16"
+            raise ConfigError(
+                f"{where}: tokens_per_s_per_device = {obs.tps_per_device:,.0f} is above {bound:,.0f}, what "
+                f"{obs.layout.flavor} reaches at 100 % of {hw.spec.name}'s {peak} peak "
+                f"({min_flops_per_token(obs) / 1e9:.1f} GFLOP per token): give tokens/s per device (not per node "
+                "or in total), or fix the run's args"
+            )
+    if obs.peak_memory_gib is not None:
+        floor = memory_floor_gib(obs, hw)
+        if obs.peak_memory_gib < floor:
+            raise ConfigError(
+                f"{where}: memory_gib = {obs.peak_memory_gib:g} is below {floor:.1f} GiB, the fp32 parameters, "
+                f"gradients and AdamW state its layout ({obs.layout.describe().replace(' | ', '; ')}) holds per "
+                "device: give the peak of one device in GiB, or fix the run's args"
+            )
+
+
+def run_warnings(obs: Sequence[Observation], hw: HardwareProfile) -> list[str]:
+    """One line per run whose layout the planner's memory model says does not fit ``hw``'s device."""
+    out = []
+    for o in obs:
+        est = estimate(o.layout, hw)
+        if not est.fits:
+            need, have = est.peak_memory_gib + est.runtime_gib, est.capacity_gib
+            out.append(
+                f"warning: run {o.name!r} ran, but the planner predicts {need:.1f} GiB per device for its layout "
+                f"(device {have:.0f} GiB): its memory model or the run's args (AC, offload, degrees) are wrong"
+            )
     return out

@@ -24,7 +24,16 @@ from typing import Any
 
 from meshforge.config.io import ConfigError
 from meshforge.plan import shipped
-from meshforge.plan.hardware import PRESETS, Efficiency, HardwareProfile, HardwareSpec, StackInfo, _build, load_hardware
+from meshforge.plan.hardware import (
+    PRESETS,
+    Efficiency,
+    HardwareProfile,
+    HardwareSpec,
+    StackInfo,
+    _build,
+    load_hardware,
+    preset_names,
+)
 
 STACK_KEYS = {"name": str, "hardware": str, "fitted": list, "held": list, "world_sizes": list, "sources": list}
 """The ``[stack]`` table's keys and their TOML types (lists: of strings; world_sizes: of integers)."""
@@ -35,7 +44,13 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     hardware.load_hardware reads (a preset, ``cpu``, a plain profile file)."""
     if name_or_path in shipped.STACKS:
         return shipped_stack(name_or_path)
-    return read_stack(Path(name_or_path)) or load_hardware(name_or_path)
+    path = Path(name_or_path)
+    if name_or_path not in preset_names() and not name_or_path.endswith(".toml") and not path.is_file():
+        raise ConfigError(  # load_hardware's message, with the stacks it does not know of
+            f"--hardware {name_or_path!r} is neither a preset ({', '.join(preset_names())}), a stack "
+            f"({', '.join(shipped.STACKS)}) nor a TOML file (see configs/hardware/example.toml)"
+        )
+    return read_stack(path) or load_hardware(name_or_path)
 
 
 def shipped_stack(name: str) -> HardwareProfile:

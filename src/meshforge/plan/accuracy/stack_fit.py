@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.config.io import ConfigError, load_config
+from meshforge.config.schema import Parallelism
 from meshforge.plan import shipped
 from meshforge.plan.accuracy import calibrate
 from meshforge.plan.accuracy.fit import FAMILY, Fit, MemoryFit, Observation, allocated_gib, fit_time
@@ -75,7 +76,12 @@ def read_runs(path: Path, hw: HardwareProfile) -> tuple[list[Observation], dict[
         raise ConfigError(f"--calibrate {path}: expected one [[run]] table per measured run and nothing else")
     obs, sources = [], {}
     for i, run in enumerate(runs):
-        o = _observation(run, f"--calibrate {path} run {i + 1}", hw)
+        where = f"--calibrate {path} run {i + 1}"
+        if not isinstance(run, dict):
+            raise ConfigError(f"{where}: {run!r} is not a table; write each run as a [[run]] table with keys")
+        if isinstance(run.get("name"), str):
+            where += f" ({run['name']})"
+        o = _observation(run, where, hw, i + 1)
         if o.name in sources:
             raise ConfigError(f"--calibrate {path}: two runs are named {o.name!r}; give each its own name")
         obs.append(o)
@@ -83,7 +89,7 @@ def read_runs(path: Path, hw: HardwareProfile) -> tuple[list[Observation], dict[
     return obs, sources
 
 
-def _observation(run: dict[str, Any], where: str, hw: HardwareProfile) -> Observation:
+def _observation(run: dict[str, Any], where: str, hw: HardwareProfile, index: int) -> Observation:
     unknown = sorted(set(run) - RUN_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(RUN_KEYS))}")
@@ -103,12 +109,43 @@ def _observation(run: dict[str, Any], where: str, hw: HardwareProfile) -> Observ
     if not isinstance(run["args"], str):
         raise ConfigError(f"{where}: args = {run['args']!r} must be a string of meshforge flags")
     try:
-        cfg = load_config(None, shlex.split(run["args"]))
+        argv = shlex.split(run["args"])
+    except ValueError as exc:  # an unbalanced quote or a trailing backslash
+        raise ConfigError(
+            f"{where}: args = {run['args']!r} cannot be split into flags ({exc}): fix its quoting"
+        ) from None
+    try:
+        cfg = load_config(None, argv)
     except ConfigError as exc:
         raise ConfigError(f"{where}: args: {exc}") from None
-    layout = layout_from_config(cfg, world, impl=impl, auto_dtype=auto_param_dtype(hw.spec))
-    name = str(run.get("name", f"run {where.rsplit(' ', 1)[-1]}: {layout.describe()}"))
-    return Observation(name, layout, float(tps), float(mem) if mem else None)
+    _check_degrees(cfg.parallelism, world, where)
+    try:
+        layout = layout_from_config(cfg, world, impl=impl, auto_dtype=auto_param_dtype(hw.spec))
+    except ConfigError as exc:
+        text = str(exc).replace("--world-size", "world_size")
+        raise ConfigError(f"{where}: {text} (fix the run's world_size or its args)") from None
+    name = str(run.get("name", f"run {index}: {layout.describe().replace(' | ', '; ')}"))  # no '|': a table cell
+    obs = Observation(name, layout, float(tps), float(mem) if mem else None)
+    calibrate.check_run(obs, hw, where)  # above the peak's tokens/s, below the state's memory: refused
+    return obs
+
+
+def _check_degrees(par: Parallelism, world: int, where: str) -> None:
+    """The run's degrees against its world_size: a ConfigError naming the run, the degrees that do not divide it and
+    the fix (instead of the planner's message about --world-size, which a runs file does not have)."""
+    keys = ["data_parallel_replicate_degree", "context_parallel_degree", "tensor_parallel_degree"]
+    keys += ["pipeline_parallel_degree"] + (
+        ["data_parallel_shard_degree"] if par.data_parallel_shard_degree != -1 else []
+    )
+    degrees = {k: getattr(par, k) for k in keys}
+    product = math.prod(degrees.values())
+    named = " x ".join(f"{k} {v}" for k, v in degrees.items() if v != 1) or "every degree 1"
+    if par.data_parallel_shard_degree == -1 and world % product:
+        raise ConfigError(
+            f"{where}: world_size {world} is not divisible by {named}: fix the run's world_size or its args"
+        )
+    if par.data_parallel_shard_degree != -1 and product != world:
+        raise ConfigError(f"{where}: {named} = {product}, not world_size {world}: fix the run's world_size or its args")
 
 
 def spans_nodes(obs: Sequence[Observation], hw: HardwareProfile) -> bool:
@@ -190,7 +227,8 @@ def _info(
 ) -> StackInfo:
     worlds = tuple(sorted({o.layout.world_size for o in obs}))
     srcs = tuple(dict.fromkeys(s for s in sources.values() if s))
-    return StackInfo(name, hw.spec.name, fitted, held, worlds, srcs)
+    base = hw.stack.name if hw.stack is not None else hw.spec.name  # whose constants the held ones are
+    return StackInfo(name, base, fitted, held, worlds, srcs)
 
 
 def one_node(info: StackInfo, hw: HardwareProfile) -> bool:

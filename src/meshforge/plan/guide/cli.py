@@ -58,7 +58,7 @@ def run_guide(opts: argparse.Namespace, overrides: list[str], hw: HardwareProfil
     cells = guide.compute_guide(
         hw, models_of(opts, overrides), worlds, seqs, impl=opts.impl, use_cache=not opts.no_cache
     )
-    text = guide_flow.markdown(cells, hw.name)
+    text = guide_flow.markdown(cells, opts.hardware, stack_note(hw, worlds))
     if opts.out:
         out = Path(opts.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -72,3 +72,23 @@ def run_guide(opts: argparse.Namespace, overrides: list[str], hw: HardwareProfil
         print(text)
         print(f"\n{len(cells)} cells in {time.perf_counter() - start:.1f} s")
     return 0
+
+
+def stack_note(hw: HardwareProfile, worlds: list[int]) -> str:
+    """For a stack profile: the runs its constants rest on and, where the guide goes past the one node they measured,
+    that the inter-node constants there are the hardware's (report.stack_note's line, for the whole guide)."""
+    info = hw.stack
+    if info is None:
+        return ""
+    fitted = ", ".join(info.fitted) or "nothing"
+    text = f"Stack {info.name!r}: fitted {fitted} from runs on {', '.join(map(str, info.world_sizes)) or 'no'} GPUs."
+    node = hw.spec.devices_per_node
+    wider = [w for w in worlds if w > node]
+    if info.world_sizes and max(info.world_sizes) <= node and wider:
+        held = "inter-node links" + (f" and {', '.join(info.held)}" if info.held else "")
+        text += (
+            f" Its runs fit in one node ({node} GPUs): the cells at {', '.join(map(str, wider))} GPUs use "
+            f"{info.hardware}'s {held} (not this stack's), with the stack's spread (tps_log_sd "
+            f"{hw.efficiency.tps_log_sd:.4f}) as their interval's +-1 sd."
+        )
+    return text

@@ -151,14 +151,16 @@ def command_lines(cells: Sequence[dict[str, Any]], hardware: str) -> list[tuple[
     return out
 
 
-def markdown(cells: Sequence[dict[str, Any]], hardware: str) -> str:
-    """The whole guide as one markdown document: table, mermaid flow, command lines."""
+def markdown(cells: Sequence[dict[str, Any]], hardware: str, stack_note: str = "") -> str:
+    """The whole guide as one markdown document: table, mermaid flow, command lines (``hardware``: what --hardware
+    named, a preset, a stack or a profile file; ``stack_note``: what a stack profile's constants rest on)."""
     note = (
         f"Within {SIMPLICITY_MARGIN:.0%} of the fastest the search recommends the layout with fewer parallel "
         "dimensions (plan/search/advisor.py), so a runner-up can be slightly faster; 'separable' says whether the "
         "runner-up's tokens/s lies outside the recommendation's interval."
     )
-    parts = [f"# meshforge plan --guide --hardware {hardware}", "", note, "", table(cells), "", "## Decision flow", ""]
+    parts = [f"# meshforge plan --guide --hardware {hardware}", "", *([stack_note, ""] if stack_note else [])]
+    parts += [note, "", table(cells), "", "## Decision flow", ""]
     parts += ["```mermaid", flow(cells), "```", "", "## The article's launches, regenerated", ""]
     for article, cmd in command_lines(cells, hardware):
         parts += [f"- {article}:", "", f"  ```\n  {cmd}\n  ```", ""]
