@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from meshforge.model.flavors import param_counts
+from meshforge.plan import shipped
 from meshforge.plan.accuracy import fit as fitting
 from meshforge.plan.accuracy.fit import Fit, MemoryFit
-from meshforge.plan.accuracy.interval import Interval, difference_sd, interval, separable
+from meshforge.plan.accuracy.interval import Interval, difference_sd, interval, past_runs, separable
+from meshforge.plan.accuracy.interval import unit as interval_unit
 from meshforge.plan.accuracy.stack_fit import StackFit
 from meshforge.plan.hardware import GIB, HardwareProfile, StackInfo
 from meshforge.plan.layout import layout_args
@@ -83,8 +85,8 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
     lines += ["", f"tokens/s per device: {est.tps_per_device:,.1f}    MFU: {est.mfu_pct:.1f} %"]
     if iv is not None:
         lines.append(
-            f"interval (+-1 sd, leave-one-out spread + constants' covariance): {iv.tps_low:,.1f} - {iv.tps_high:,.1f}"
-            f" tokens/s, {iv.memory_low:.1f} - {iv.memory_high:.1f} GiB"
+            f"interval (+-1 sd; {iv.spread or 'spread + constants covariance'}): {iv.tps_low:,.1f} - "
+            f"{iv.tps_high:,.1f} tokens/s, {iv.memory_low:.1f} - {iv.memory_high:.1f} GiB"
         )
     note = stack_note(est, hw)
     lines += [note] if note else []
@@ -119,15 +121,27 @@ def stack_note(est: Estimate, hw: HardwareProfile) -> str:
     info = hw.stack
     if info is None:
         return ""
-    text = f"stack {info.name!r}: fitted {', '.join(info.fitted) or 'nothing'} from runs on {_worlds(info)} GPUs"
-    node = hw.spec.devices_per_node
-    if info.world_sizes and max(info.world_sizes) <= node < est.layout.world_size:
-        text += (
-            f"; {est.layout.world_size} GPUs span {-(-est.layout.world_size // node)} nodes, which its one-node runs "
-            f"never measured: {_held_text(info)} are {info.hardware}'s (not this stack's), "
-            f"and the interval's spread is the measured one-node -> multi-node error (shipped.SPLIT_LOG_SD)"
+    unit, world = interval_unit(hw), est.layout.world_size
+    text = f"stack {info.name!r}: fitted {', '.join(info.fitted) or 'nothing'} from runs on {_worlds(info)} {unit}"
+    if not past_runs(est.layout, hw):
+        return text
+    node, most = hw.spec.devices_per_node, max(info.world_sizes)
+    floor = f"the interval's spread is at least the measured one-node -> multi-node error ({SPLIT_NOTE})"
+    if not hw.spec.is_gpu:
+        return text + (
+            f"; {world} ranks is past the {most} its runs measured: {floor}, measured on GPUs (no CPU run measured "
+            "how a CPU fit extrapolates: read it as a floor)"
         )
-    return text
+    nodes, spanned = -(-world // node), -(-most // node)
+    if spanned > 1:
+        return text + f"; {world} GPUs span {nodes} nodes, more than its runs on {spanned} nodes measured: {floor}"
+    return text + (
+        f"; {world} GPUs span {nodes} nodes, which its one-node runs never measured: {_held_text(info)} are "
+        f"{info.hardware}'s (not this stack's), and {floor}"
+    )
+
+
+SPLIT_NOTE = f"shipped.SPLIT_LOG_SD {shipped.SPLIT_LOG_SD:.3f}"
 
 
 def _held_text(info: StackInfo) -> str:
@@ -165,8 +179,17 @@ def format_stack_fit(result: StackFit, hw: HardwareProfile) -> str:
             f"runs on one node (<= {hw.spec.devices_per_node} GPUs): no inter-node constant is identified; the "
             f"inter-node links {links}, and predictions past one node say so"
         )
-    lines.append(f"spread (tps_log_sd, the interval's +-1 sd): {eff.tps_log_sd:.4f}")
+    lines.append(f"spread (tps_log_sd, the interval's +-1 sd): {eff.tps_log_sd:.4f}{_past_spread(result, hw)}")
     return "\n".join(lines)
+
+
+def _past_spread(result: StackFit, hw: HardwareProfile) -> str:
+    """Where the runs' own spread stops: past their nodes (ranks on a CPU) the interval widens (interval.tps_spread)."""
+    info, sd = result.profile.stack, result.profile.efficiency.tps_log_sd
+    if info is None or not info.world_sizes:
+        return ""
+    where = f"{max(info.world_sizes)} ranks" if not hw.spec.is_gpu else "the nodes its runs spanned"
+    return f" up to {where}; past them max(it, {SPLIT_NOTE}) = {max(sd, shipped.SPLIT_LOG_SD):.4f}"
 
 
 def moe_lines(est: Estimate) -> list[str]:

@@ -95,3 +95,8 @@ what the runs determined (``compute``: one factor on matmul and attention), ``he
 SPLIT_LOG_SD = 0.2771
 """Spread of a stack profile fitted on one node predicting more: the NOMINAL quantile of |log error| of TorchTitan's
 multi-node rows predicted by its 8-GPU rows' calibration (plan/accuracy/at_scale.py; a test recomputes it)."""
+SOURCE_LOG_SD = 0.0
+"""The spread of a new source's rows: the NOMINAL quantile of |log error| of every row's leave-one-source-out
+prediction (loo_report.source_spread); 0 until shipped."""
+SOURCE_COVERAGE = 0.0
+"""The share of a source's rows inside SOURCE_LOG_SD set by the other sources' rows (nested, measured)."""

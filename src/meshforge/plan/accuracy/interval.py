@@ -4,7 +4,9 @@ Half-width (log space) = sqrt(spread^2 + g C g^T): ``spread`` is the profile's l
 (``Efficiency.tps_log_sd`` / ``memory_log_sd``: how far predictions of rows the fit did not see land), ``C`` the fitted
 constants' covariance (log-multipliers, the fit's Jacobian) and ``g`` the prediction's sensitivity to them, so a
 layout that leans on a poorly determined constant (attention at long context, say) gets a wider interval. The interval
-is +-1 standard deviation (about two chances in three).
+is +-1 standard deviation (about two chances in three). A stack profile predicting past what its runs measured (more
+nodes than they spanned; on a CPU, more ranks) gets at least the measured one-node -> multi-node spread
+(shipped.SPLIT_LOG_SD), whatever its runs' own spread (``tps_spread``); the interval names the spread it used.
 
 Memory: "fits" when the high end is within the usable memory, "does not fit" when the low end is beyond it, "tight"
 in between, with the margin of the point estimate.
@@ -43,6 +45,10 @@ class Interval:
     memory_low: float
     memory_high: float
     usable_gib: float
+    tps_log_sd: float = 0.0
+    """The spread used for tokens/s (log), before the constants' covariance is added."""
+    spread: str = ""
+    """What that spread is (printed beside the interval)."""
 
     @property
     def verdict(self) -> str:
@@ -58,6 +64,8 @@ class Interval:
             "memory_low": round(self.memory_low, 2),
             "memory_high": round(self.memory_high, 2),
             "memory_verdict": self.verdict,
+            "tps_spread": round(self.tps_log_sd, 4),
+            "tps_spread_is": self.spread,
         }
 
 
@@ -78,9 +86,9 @@ def _variance(layout: Layout, hw: HardwareProfile, names: tuple[str, ...], cov: 
 
 def interval(est: Estimate, hw: HardwareProfile) -> Interval:
     """The prediction's interval on ``hw``."""
-    eff = hw.efficiency
-    half = math.sqrt(eff.tps_log_sd**2 + parameter_variance(est, hw))
-    mem = eff.memory_log_sd
+    sd, what = tps_spread(est.layout, hw)
+    half = math.sqrt(sd**2 + parameter_variance(est, hw))
+    mem = hw.efficiency.memory_log_sd
     usable = est.capacity_gib - est.runtime_gib
     return Interval(
         est.tps_per_device * math.exp(-half),
@@ -88,7 +96,46 @@ def interval(est: Estimate, hw: HardwareProfile) -> Interval:
         est.peak_memory_gib * math.exp(-mem),
         est.peak_memory_gib * math.exp(mem),
         usable,
+        sd,
+        what + ("; + constants' covariance" if hw.spec.is_gpu else ""),
     )
+
+
+def unit(hw: HardwareProfile) -> str:
+    """What a world size counts on ``hw``: GPUs, or ranks on a CPU host."""
+    return "GPUs" if hw.spec.is_gpu else "ranks"
+
+
+def past_runs(layout: Layout, hw: HardwareProfile) -> bool:
+    """Whether ``layout`` is wider than a stack profile's runs measured: on GPU, more nodes than the widest run
+    spanned; on a CPU host, more ranks than the widest run (False for a profile without runs)."""
+    info = hw.stack
+    if info is None or not info.world_sizes:
+        return False
+    most = max(info.world_sizes)
+    if not hw.spec.is_gpu:
+        return layout.world_size > most
+    node = hw.spec.devices_per_node
+    return -(-layout.world_size // node) > -(-most // node)
+
+
+def tps_spread(layout: Layout, hw: HardwareProfile) -> tuple[float, str]:
+    """(the tokens/s spread the interval uses, what it is): the profile's ``tps_log_sd``, widened to at least the
+    measured one-node -> multi-node spread (shipped.SPLIT_LOG_SD) past what a stack profile's runs measured."""
+    sd = hw.efficiency.tps_log_sd
+    if past_runs(layout, hw):
+        assert hw.stack is not None
+        runs = f"past its runs on <= {max(hw.stack.world_sizes)} {unit(hw)}"
+        split = f"shipped.SPLIT_LOG_SD {shipped.SPLIT_LOG_SD:.3f} (TorchTitan's measured 8 -> 64-512 GPU error)"
+        if sd < shipped.SPLIT_LOG_SD:
+            return shipped.SPLIT_LOG_SD, f"{split}, widened from the profile's {sd:.3f}: {runs}"
+        return sd, f"the profile's spread {sd:.3f}, {runs}: at least {split}"
+    if hw.spec.is_gpu and shipped.SOURCE_LOG_SD and abs(sd - shipped.SOURCE_LOG_SD) < 5e-5:
+        return sd, (
+            f"leave-one-source-out spread {sd:.3f}: covers {shipped.SOURCE_COVERAGE:.0%} of a new source's rows, "
+            "measured"
+        )
+    return sd, f"the profile's spread {sd:.3f}"
 
 
 def difference_log_sd(hw: HardwareProfile) -> float:
