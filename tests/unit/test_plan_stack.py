@@ -258,7 +258,9 @@ def test_calibrate_labels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(ConfigError, match=r"a stack \(torchtitan-h100, nemo-h100-bf16, nemo-h100-fp8\)"):
         stack.load_profile("h10")
     empty = replace(stack.load_profile("nemo-h100-bf16"), stack=StackInfo("s", "h100", ("compute",), (), (8,)))
-    est = estimate(stack_fit.read_runs(runs, load_hardware("h100"))[0][0].layout, empty)
+    obs = stack_fit.read_runs(runs, load_hardware("h100"))[0]
+    assert obs[0].name.startswith("run 1: FSDP 4 x CP 2; lbs 1") and "|" not in obs[0].name  # a default name
+    est = estimate(obs[0].layout, empty)
     est = replace(est, layout=replace(est.layout, dp_shard=32))  # 64 GPUs: past the stack's node
     note = report.stack_note(est, empty)
     assert "never measured: inter-node links are h100's (not this stack's)" in note, note
