@@ -277,3 +277,5 @@ def test_guide_on_a_stack_names_it_and_its_one_node(tmp_path: Path, capsys: pyte
     text = (tmp_path / "g" / "guide.md").read_text()
     assert text.splitlines()[0] == f"# meshforge plan --guide --hardware {profile}"
     assert "Stack 'nemo-h100-bf16': fitted" in text and "the cells at 16 GPUs use h100's inter-node links" in text
+    sd = max(stack.load_profile("nemo-h100-bf16").efficiency.tps_log_sd, shipped.SPLIT_LOG_SD)  # interval.tps_spread
+    assert f"intervals' +-1 sd is {sd:.3f}: at least the measured one-node -> multi-node" in text

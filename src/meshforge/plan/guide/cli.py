@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from meshforge.config.io import ConfigError
+from meshforge.plan import shipped
 from meshforge.plan.guide import curves, guide
 from meshforge.plan.guide import flow as guide_flow
 from meshforge.plan.hardware import HardwareProfile
@@ -88,7 +89,8 @@ def stack_note(hw: HardwareProfile, worlds: list[int]) -> str:
         held = "inter-node links" + (f" and {', '.join(info.held)}" if info.held else "")
         text += (
             f" Its runs fit in one node ({node} GPUs): the cells at {', '.join(map(str, wider))} GPUs use "
-            f"{info.hardware}'s {held} (not this stack's), with the stack's spread (tps_log_sd "
-            f"{hw.efficiency.tps_log_sd:.4f}) as their interval's +-1 sd."
+            f"{info.hardware}'s {held} (not this stack's), and their intervals' +-1 sd is "
+            f"{max(hw.efficiency.tps_log_sd, shipped.SPLIT_LOG_SD):.3f}: at least the measured one-node -> multi-node "
+            "error (shipped.SPLIT_LOG_SD; interval.tps_spread)."
         )
     return text
