@@ -67,6 +67,8 @@ def test_shipped_constants_are_the_fit(validation: folds.Validation) -> None:
     assert tuple(shipped.COVARIANCE_NAMES) == tuple(want["COVARIANCE_NAMES"])  # type: ignore[arg-type]
     np.testing.assert_allclose(np.array(shipped.COVARIANCE), np.array(want["COVARIANCE"]), atol=0.002)
     assert abs(shipped.DIFF_LOG_SD - float(want["DIFF_LOG_SD"])) <= 0.002  # type: ignore[arg-type]
+    assert abs(shipped.SOURCE_LOG_SD - float(want["SOURCE_LOG_SD"])) <= 0.002  # type: ignore[arg-type]
+    assert abs(shipped.SOURCE_COVERAGE - float(want["SOURCE_COVERAGE"])) <= 0.01  # type: ignore[arg-type]
 
 
 def test_presets_carry_their_family_constants() -> None:
@@ -79,7 +81,8 @@ def test_presets_carry_their_family_constants() -> None:
     assert unseen.tps_log_sd == pytest.approx(math.hypot(ref.tps_log_sd, loo.FAMILY_PRIOR_SD), abs=0.002)
     a100 = load_hardware("a100").efficiency
     assert a100.matmul == pytest.approx(ref.matmul * shipped.FAMILIES["a100"]["factor"])
-    assert a100.tps_log_sd == shipped.FAMILIES["a100"]["tps_log_sd"] != ref.tps_log_sd
+    assert a100.tps_log_sd == shipped.FAMILIES["a100"]["tps_log_sd"] >= shipped.SOURCE_LOG_SD  # a new source's
+    assert a100.memory_log_sd == shipped.FAMILIES["a100"]["memory_log_sd"] != ref.memory_log_sd
 
 
 def test_intervals_hold_their_nominal_coverage(validation: folds.Validation) -> None:

@@ -4,7 +4,8 @@ Kept apart from hardware.py so that refitting them changes no file the leave-one
 from loo.NEUTRAL, never from these; plan/accuracy/folds.py's key hashes hardware.py's code). The test
 tests/unit/test_plan_validate.py fails when they are not the fit. ``REFERENCE`` is the h100-96gb family's (the
 shared constants: 29 of the 37 rows); ``FAMILIES`` holds, per GPU generation the rows determine, its speed factor on
-matmul and attention (fit.FAMILY_SCALES) and its own leave-one-out spreads; ``UNSEEN`` is a generation with no row:
+matmul and attention (fit.FAMILY_SCALES) and its spreads (memory: its rows' leave-one-out; tokens/s: at least a new
+source's, SOURCE_LOG_SD); ``UNSEEN`` is a generation with no row:
 the shared constants with the family prior's spread added (loo.FAMILY_PRIOR_SD).
 """
 
@@ -19,19 +20,20 @@ REFERENCE: dict[str, float] = {
     "async_tp_overlap": 0.5,  # not identified by the rows (log standard error > 1): held at the neutral start
     "allocator_overhead": 0.1945,  # allocator rounding, CUDA context, NCCL over physics/peak.py's exact-checked terms
     "framework_gib": 0.0,  # merged into allocator_overhead (estimates correlated -0.97)
-    "tps_log_sd": 0.0879,
+    "tps_log_sd": 0.2929,  # SOURCE_LOG_SD: a new source's spread (its own LOO quantile was 0.0879)
     "memory_log_sd": 0.0671,
 }
 FAMILIES: dict[str, dict[str, float]] = {
-    "a100": {"factor": 1.4606, "tps_log_sd": 0.174, "memory_log_sd": 0.0672},
-    "b200": {"factor": 0.5087, "tps_log_sd": 0.134, "memory_log_sd": 0.1613},
-    "h100": {"factor": 0.8526, "tps_log_sd": 0.0865, "memory_log_sd": 0.0672},
-    "h200": {"factor": 1.2366, "tps_log_sd": 0.0865, "memory_log_sd": 0.0672},
+    "a100": {"factor": 1.4606, "tps_log_sd": 0.2929, "memory_log_sd": 0.0672},
+    "b200": {"factor": 0.5087, "tps_log_sd": 0.2929, "memory_log_sd": 0.1613},
+    "h100": {"factor": 0.8526, "tps_log_sd": 0.2929, "memory_log_sd": 0.0672},
+    "h200": {"factor": 1.2366, "tps_log_sd": 0.2929, "memory_log_sd": 0.0672},
 }
-"""name -> its speed factor and spreads (two rows each: at least the pooled spreads, loo_report.MIN_FAMILY_ROWS)."""
+"""name -> its speed factor and spreads (two rows each: at least the pooled spreads, loo_report.MIN_FAMILY_ROWS); the
+tokens/s spread at least SOURCE_LOG_SD (a user's stack is a source the fit never saw)."""
 UNSEEN_PRESETS = ("gb200",)
 """GPU presets no published row measured."""
-UNSEEN: dict[str, float] = {"tps_log_sd": 0.265, "memory_log_sd": 0.2589}
+UNSEEN: dict[str, float] = {"tps_log_sd": 0.3851, "memory_log_sd": 0.2589}
 """The spreads of a GPU generation no row measured: the reference's with loo.FAMILY_PRIOR_SD added."""
 COVARIANCE_NAMES: tuple[str, ...] = (
     "matmul",
@@ -70,7 +72,7 @@ STACKS: dict[str, dict[str, object]] = {
     },
     "nemo-h100-bf16": {
         "hardware": "h100",
-        "efficiency": {"matmul": 0.7497, "attention": 0.3043, "tps_log_sd": 0.2771},
+        "efficiency": {"matmul": 0.7497, "attention": 0.3043, "tps_log_sd": 0.2929},
         "fitted": ("compute",),
         "held": ("float8_speedup", "memory_bandwidth", "network", "async_tp_overlap"),
         "world_sizes": (8,),
@@ -78,7 +80,7 @@ STACKS: dict[str, dict[str, object]] = {
     },
     "nemo-h100-fp8": {
         "hardware": "h100",
-        "efficiency": {"matmul": 0.7499, "attention": 0.3044, "float8_speedup": 1.7798, "tps_log_sd": 0.2771},
+        "efficiency": {"matmul": 0.7499, "attention": 0.3044, "float8_speedup": 1.7798, "tps_log_sd": 0.2929},
         "fitted": ("compute", "float8_speedup"),
         "held": ("memory_bandwidth", "network", "async_tp_overlap"),
         "world_sizes": (8,),
@@ -95,8 +97,11 @@ what the runs determined (``compute``: one factor on matmul and attention), ``he
 SPLIT_LOG_SD = 0.2771
 """Spread of a stack profile fitted on one node predicting more: the NOMINAL quantile of |log error| of TorchTitan's
 multi-node rows predicted by its 8-GPU rows' calibration (plan/accuracy/at_scale.py; a test recomputes it)."""
-SOURCE_LOG_SD = 0.0
-"""The spread of a new source's rows: the NOMINAL quantile of |log error| of every row's leave-one-source-out
-prediction (loo_report.source_spread); 0 until shipped."""
-SOURCE_COVERAGE = 0.0
-"""The share of a source's rows inside SOURCE_LOG_SD set by the other sources' rows (nested, measured)."""
+SOURCE_LOG_SD = 0.2929
+"""The tokens/s spread of a source the fit never saw (a user's own stack on a preset): the 68.3 % quantile of |log
+error| of every published row's leave-one-source-out prediction (loo_report.shipped_values; a test recomputes it).
+Shipped as every fitted family's tokens/s spread: the rows' own leave-one-out quantile (0.0879 on the reference)
+covered 11 of 37 rows of a left-out source (30 %)."""
+SOURCE_COVERAGE = 0.5946
+"""SOURCE_LOG_SD's coverage measured nested: each source's leave-one-source-out errors against the 68.3 % quantile of
+the other sources' (loo_report.source_coverage): 22 of 37 rows, 7 sources."""
