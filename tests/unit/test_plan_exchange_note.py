@@ -17,11 +17,20 @@ def est(world: int, *extra: str) -> Estimate:
 
 
 def test_the_exposed_regather_is_named_with_its_switch() -> None:
-    e = est(128)
+    e = est(128, "--gradient_sync.regather", "reshard")
     line = exchange_note(e)
     assert line.startswith(f"exposed: FSDP {e.time['exposed_fsdp_comm']:.2f} s of {e.step_time:.2f} s"), line
     assert "re-gathered for every micro-step" in line and "--gradient_sync.regather keep" in line
+    assert "at more memory" in line
     assert line in format_estimate(e, load_hardware("h100")).splitlines()
+
+
+def test_regather_auto_keeps_here_so_nothing_is_exposed() -> None:
+    """The default (auto) keeps the parameters gathered where that fits: the report says so and notes nothing."""
+    e = est(128)
+    assert e.sync == ("once_per_step", "keep") and exchange_note(e) == ""
+    text = format_estimate(e, load_hardware("h100")).splitlines()
+    assert "gradient sync: once per step, parameters kept gathered between micro-steps" in text[2], text[2]
 
 
 def test_the_per_micro_step_reduce_scatter_is_named_as_such() -> None:

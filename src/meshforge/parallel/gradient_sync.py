@@ -34,7 +34,7 @@ def once_per_step(cfg: GradientSync, accumulation_steps: int) -> bool:
 
 
 def keep_gathered(cfg: GradientSync) -> bool:
-    """Whether parameters stay gathered between micro-steps (auto: no, FSDP's memory)."""
+    """Whether the user asked parameters to stay gathered between micro-steps (auto: train/regather.py decides)."""
     return cfg.regather == "keep"
 
 

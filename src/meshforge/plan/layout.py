@@ -60,7 +60,9 @@ class Layout:
     reshard_after_forward: bool = True
     gradient_sync: str = "every_microstep"
     """[gradient_sync] mode (auto: the planner decides by memory, physics/peak.py resolve_gradient_sync);
-    every_microstep for rows of other stacks, which exchange gradients every micro-step; regather: keep / reshard."""
+    every_microstep for rows of other stacks, which exchange gradients every micro-step; regather: keep / reshard, or
+    auto (resolved with the mode: keep where its peak fits, as training decides after its first step,
+    train/regather.py)."""
     regather: str = "reshard"
     param_dtype: str = "bfloat16"
     reduce_dtype: str = "float32"
@@ -206,7 +208,7 @@ def layout_from_config(
         activation_offload=cfg.activation_checkpoint.offload,
         cpu_offload=cfg.training.enable_cpu_offload,
         gradient_sync=cfg.gradient_sync.mode,
-        regather="keep" if cfg.gradient_sync.regather == "keep" else "reshard",
+        regather=cfg.gradient_sync.regather,
         model=None if model_args == get_flavor(cfg.model.flavor).with_seq_len(cfg.training.seq_len) else model_args,
     )
     if layout.world_size != world_size:

@@ -67,6 +67,7 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
         f"meshforge plan: {lay.flavor} ({param_counts(layout_args(lay)).total:,} parameters) on {lay.world_size} x "
         f"{hw.name} ({hw.spec.description})",
         f"layout: {lay.describe()}",
+        *sync_line(est),
         "",
         f"peak memory per device (GiB), pipeline rank {est.memory.rank}:",
     ]
@@ -95,17 +96,31 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
     return "\n".join(lines)
 
 
+def sync_line(est: Estimate) -> list[str]:
+    """The gradient exchange as priced, where data-parallel gradients accumulate over micro-steps (auto resolved)."""
+    lay, (mode, regather) = est.layout, est.sync
+    if lay.grad_accum <= 1 or not (lay.fsdp_size > 1 or lay.dp_replicate > 1) or not mode:
+        return []
+    text = {"once_per_step": "once per step", "every_microstep": "every micro-step"}.get(mode, mode)
+    if mode == "once_per_step" and lay.pp == 1:
+        text += ", parameters " + ("kept gathered" if regather == "keep" else "re-gathered") + " between micro-steps"
+    asked = [f"{k} auto" for k, v in (("mode", lay.gradient_sync), ("regather", lay.regather)) if v == "auto"]
+    return [f"gradient sync: {text}" + (f" ({', '.join(asked)}: decided by memory)" if asked else "")]
+
+
 def exchange_note(est: Estimate, share: float = 0.1) -> str:
     """One line on an exposed FSDP exchange under gradient accumulation: what is still exposed and why."""
     lay, exposed = est.layout, est.time.get("exposed_fsdp_comm", 0.0)
     if lay.grad_accum <= 1 or lay.fsdp_size <= 1 or exposed < share * est.step_time:
         return ""
-    if lay.gradient_sync == "every_microstep":
+    mode, regather = est.sync if est.sync[0] else (lay.gradient_sync, lay.regather)
+    if mode == "every_microstep":
         why = "gradients are reduce-scattered every micro-step (--gradient_sync.mode once_per_step exchanges them once)"
-    elif lay.regather != "keep":
+    elif regather != "keep":
+        held = "regather auto: keeping them would not fit" if lay.regather == "auto" else "at more memory"
         why = (
             "the parameters are re-gathered for every micro-step's forward and backward "
-            "(--gradient_sync.regather keep holds them gathered between micro-steps, at more memory)"
+            f"(--gradient_sync.regather keep holds them gathered between micro-steps; {held})"
         )
     else:
         why = "the forward's all-gathers of each step outlast the compute that hides them"
@@ -116,8 +131,8 @@ def exchange_note(est: Estimate, share: float = 0.1) -> str:
 
 
 def stack_note(est: Estimate, hw: HardwareProfile) -> str:
-    """For a stack profile: what its constants rest on, and, past the nodes its runs measured, that the inter-node
-    constants are the hardware's (the interval's spread is then the one-node -> multi-node split's)."""
+    """For a stack profile: what its constants rest on, and, past what its runs measured (more nodes; on a CPU, more
+    ranks), that the interval's spread is then at least the one-node -> multi-node split's (interval.tps_spread)."""
     info = hw.stack
     if info is None:
         return ""

@@ -53,6 +53,7 @@ from meshforge.train.fault_tolerance import FaultTolerance, data_shard
 from meshforge.train.fault_tolerance import build as build_fault_tolerance
 from meshforge.train.moe_balance import balance_experts
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_, step_unless
+from meshforge.train.regather import auto_keep
 from meshforge.train.validate import build_validation_loader, should_validate, validate
 
 if TYPE_CHECKING:  # imported where used: pipelining pulls in dynamo (~1 s), DCP ~0.3 s; most runs need neither
@@ -84,6 +85,7 @@ class TrainState:
     straggler: StragglerDetector = field(default_factory=lambda: StragglerDetector(0.0, console=False))
     save_clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
     ft: FaultTolerance | None = None  # torchft replica groups (train/fault_tolerance.py)
+    regather_keep: bool = False  # gradient_sync.regather auto, decided after the first step (train/regather.py)
 
 
 def setup(cfg: JobConfig) -> TrainState:
@@ -277,7 +279,8 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     if state.ft is not None:  # the quorum; a (re)joining group receives a live peer's state here
         state.ft.start_step()
     state.straggler.times.begin()  # the step's time parts (observability/straggler.py)
-    sync_once, keep = once_per_step(state.cfg.gradient_sync, accum), keep_gathered(state.cfg.gradient_sync)
+    sync_once = once_per_step(state.cfg.gradient_sync, accum)
+    keep = keep_gathered(state.cfg.gradient_sync) or state.regather_keep
     for micro in range(accum):
         if sync_once:  # one gradient exchange per step: the last micro-step's (parallel/gradient_sync.py)
             set_micro_step(state.model_parts, last=micro == accum - 1, keep=keep, pipeline=state.pipeline)
@@ -346,6 +349,8 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
         state.metrics.step_done(state.step, cfg.training.steps)
         if state.step == first_step:
             set_timeouts(state.mesh, cfg.comm.train_timeout_seconds)
+            fsdp_only = state.pipeline is None and state.dims.fsdp_enabled
+            state.regather_keep = auto_keep(cfg, state.model_parts, state.ctx.device, fsdp_without_pp=fsdp_only)
         logged: dict[str, Any] = {}
         due = 0.0  # rank 0's wall-time save decision rides on the straggler gather of log steps (train/elastic.py)
         if should_log(state.step, cfg):

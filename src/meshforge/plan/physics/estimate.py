@@ -344,6 +344,8 @@ class Estimate:
     capacity_gib: float
     runtime_gib: float
     warnings: list[str] = field(default_factory=list)
+    sync: tuple[str, str] = ("", "")
+    """[gradient_sync] mode and regather as priced (``auto`` resolved by memory: peak.py resolve_gradient_sync)."""
 
     @property
     def peak_memory_gib(self) -> float:
@@ -419,6 +421,7 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
         capacity_gib=hw.spec.device_memory_gib(layout.world_size),
         runtime_gib=hw.spec.runtime_gib,
         warnings=layout_warnings(layout, hw),
+        sync=(layout.gradient_sync, layout.regather),
     )
 
 

@@ -203,17 +203,32 @@ class Gathered:
 
 
 def resolve_gradient_sync(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> Layout:
-    """``layout`` with [gradient_sync] mode = auto decided: once per step when it fits ``hw``'s memory, else every
-    micro-step (and every micro-step where it changes nothing: no accumulation, or pipeline parallel). Training's
-    auto is once per step under accumulation, with no memory check of its own."""
-    if layout.gradient_sync != "auto":
+    """``layout`` with [gradient_sync] auto decided by ``hw``'s memory: the mode once per step when it fits, else every
+    micro-step (and every micro-step where it changes nothing: no accumulation, or pipeline parallel); then regather
+    auto keep where once per step with it still fits, else reshard (training measures the same after its first step,
+    train/regather.py; training's mode auto is once per step under accumulation, with no memory check of its own)."""
+    if layout.gradient_sync == "auto":
+        layout = _resolve_mode(args, layout, hw)
+    if layout.regather != "auto":
         return layout
+    reshard = replace(layout, regather="reshard")
+    if not gradient_sync_once(layout) or not (layout.fsdp_size > 1 or layout.dp_replicate > 1):
+        return reshard
+    keep = replace(layout, regather="keep")
+    return keep if memory(args, keep, hw).peak <= _capacity(layout, hw) else reshard
+
+
+def _resolve_mode(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> Layout:
     every = replace(layout, gradient_sync="every_microstep")
     if layout.pp > 1 or layout.grad_accum == 1:
         return every
-    candidate = replace(layout, gradient_sync="once_per_step")
-    capacity = hw.spec.device_memory_gib(layout.world_size) - hw.spec.runtime_gib
-    return candidate if memory(args, candidate, hw).peak <= capacity else every
+    once = replace(layout, gradient_sync="once_per_step")
+    probe = replace(once, regather="reshard") if once.regather == "auto" else once
+    return once if memory(args, probe, hw).peak <= _capacity(layout, hw) else every
+
+
+def _capacity(layout: Layout, hw: HardwareProfile) -> float:
+    return hw.spec.device_memory_gib(layout.world_size) - hw.spec.runtime_gib
 
 
 def gradient_sync_once(layout: Layout) -> bool:
