@@ -55,7 +55,13 @@ TORCHTITAN = {
 """TorchTitan's published single-node figures (plan/accuracy/published.py rows; source tt-2024-12) for context: other
 model, other GPU; the MFU beside them is computed with meshforge's FLOP count for 8B at seq 8192 and the H100 SXM
 peak."""
-MULTI_RANK = {"nccl_2_ranks", "gloo_cuda_2_ranks", "cp_attention", "dense_fsdp2", "dense_tp2", "moe_ep2"}
+MULTI_RANK = {"nccl_2_ranks", "gloo_cuda_2_ranks", "gloo_cuda_funcol", "cp_attention", "dense_fsdp2", "dense_tp2"}
+MULTI_RANK |= {"moe_ep2"}
+FUNCOL = {"cp_attention", "dense_tp2"}
+"""Checks that run functional collectives (DTensor's tensor parallel, meshforge's CP all-gather): on one GPU they
+need gloo's, which crashed on CUDA tensors (scripts/gpu_check_probes.py ``funcol``): then "unsupported", not run."""
+GLOO_ONLY = {"gloo_cuda_2_ranks", "gloo_cuda_funcol"}
+"""Probes of the fallback: skipped when NCCL runs the multi-rank checks."""
 PARITY = {"dense_compile": ("dense_ref", 1e-3), "dense_fsdp2": ("dense_ref", 1e-4), "dense_tp2": ("dense_ref", 1e-4)}
 PARITY |= {"moe_ep2": ("moe_ref", 1e-4), "mfu_1b_float8": ("mfu_1b", 2e-2), "mfu_1b": ("mfu_1b_eager", 2e-2)}
 """check -> (reference check, relative tolerance on every step's loss and gradient norm; bf16 runs: loss only)."""
@@ -80,7 +86,7 @@ class Check:
 @dataclass
 class Outcome:
     name: str
-    status: str  # ok, wrong, unchecked (its reference did not run), failed, timeout, skipped, planned
+    status: str  # ok, wrong, unchecked (its reference did not run), failed, timeout, skipped, unsupported, planned
     seconds: float
     details: dict[str, Any] = field(default_factory=dict)
     tail: str = ""
@@ -114,6 +120,7 @@ def plan(out: Path) -> list[Check]:
         Check("env", [sys.executable, __file__, "--env-only"], BUDGETS["env"], parse="result_line"),
         probe("nccl_2_ranks", "collectives", "--backend", "nccl"),
         probe("gloo_cuda_2_ranks", "collectives", "--backend", "gloo"),
+        probe("gloo_cuda_funcol", "funcol", "--backend", "gloo"),
         probe("cp_attention", "cp_attention", "--seq", "8192", "32768"),
         train_check("dense_ref", out, [*DENSE, *batch(8)]),
         train_check("dense_compile", out, [*DENSE, *batch(8), "--compile.enable", "true"]),
@@ -306,10 +313,11 @@ def dry_run(checks: list[Check]) -> list[Outcome]:
 
 def multi_rank_env(nccl: Outcome) -> tuple[dict[str, str], str]:
     """The backend of the multi-rank checks after the NCCL probe: NCCL when it worked, else gloo with CUDA tensors."""
-    if nccl.status == "ok":
+    if nccl.status == "ok" and not nccl.details.get("unsupported"):
         return {}, "nccl"
-    said = nccl.tail + json.dumps(nccl.details)
-    why = "NCCL refused: Duplicate GPU detected" if "Duplicate GPU" in said else f"NCCL probe {nccl.status}"
+    said = nccl.tail + json.dumps(nccl.details)  # a refused op is recorded, not raised (gpu_check_probes.py)
+    refused = "Duplicate GPU" in said or "invalid usage" in said  # NCCL 2.28.9 on one H200: "invalid usage"
+    why = "NCCL refused two ranks on one GPU" if refused else f"NCCL probe {nccl.status}"
     return {"MESHFORGE_CUDA_BACKEND": "gloo"}, f"gloo with CUDA tensors ({why})"
 
 
@@ -327,6 +335,9 @@ def run_all(checks: list[Check], out: Path, budget_s: float, progress: Callable[
             outcome = Outcome(check.name, "skipped", 0.0, {"why": why})
         elif missing:
             outcome = Outcome(check.name, "skipped", 0.0, {"why": missing})
+        elif why_not := not_on_this_machine(check.name, backend, outcomes):
+            status = "skipped" if check.name in GLOO_ONLY else "unsupported"
+            outcome = Outcome(check.name, status, 0.0, {"why": why_not})
         else:
             outcome = run_check(check, deadline - time.monotonic(), env if check.name in MULTI_RANK else None)
         if check.name == "nccl_2_ranks":
@@ -338,7 +349,21 @@ def run_all(checks: list[Check], out: Path, budget_s: float, progress: Callable[
     info = by_name["env"].details if "env" in by_name else env_info()
     write_report(out, info, outcomes, verdict)
     progress(f"wrote {out / 'results.json'} and {out / 'results.md'}")
-    return 0 if all(o.status in ("ok", "skipped") for o in outcomes) else 1
+    return 0 if all(o.status in ("ok", "skipped", "unsupported") for o in outcomes) else 1
+
+
+def not_on_this_machine(name: str, backend: str, done: list[Outcome]) -> str:
+    """Why a check cannot run here ('' when it can): a gloo probe under NCCL, or functional collectives on one GPU
+    after gloo's crashed on CUDA tensors (two ranks on one GPU: NCCL refuses them)."""
+    if name in GLOO_ONLY and backend == "nccl" and any(o.name == "nccl_2_ranks" for o in done):
+        return "NCCL runs the multi-rank checks"
+    probe = next((o for o in done if o.name == "gloo_cuda_funcol"), None)
+    if name in FUNCOL and backend != "nccl" and probe is not None and probe.status != "ok":
+        return (
+            "needs two GPUs: NCCL refuses two ranks on one GPU, and gloo's functional collectives (DTensor's tensor "
+            f"parallel, CP's all-gather) on CUDA tensors did not run here (gloo_cuda_funcol: {probe.status})"
+        )
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

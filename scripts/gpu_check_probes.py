@@ -63,12 +63,33 @@ def collectives(backend: str) -> dict[str, Any]:
     if backend == "nccl":
         out["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
     ops: dict[str, Any] = {}
-    for name, check in COLLECTIVES.items():
+    for name, check in COLLECTIVES.items():  # point-to-point last: on gloo with CUDA tensors it breaks the pair
         try:
             ops[name] = "ok" if check(rank, world, device) else "WRONG VALUES"
         except Exception as exc:  # record and go on: which collectives this backend has on CUDA is the finding
             ops[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    out["ops"], out["correct"] = ops, all(v == "ok" for v in ops.values())
+    out["ops"], out["correct"] = ops, not any(v == "WRONG VALUES" for v in ops.values())
+    out["unsupported"] = sorted(k for k, v in ops.items() if v not in ("ok", "WRONG VALUES"))
+    try:  # after a refused or broken collective the group may be unusable: the ops' record above is the result
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception as exc:
+        out["teardown"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return out
+
+
+def funcol(backend: str) -> dict[str, Any]:
+    """A functional all-gather (what DTensor / tensor parallel and meshforge's CP all-gather run) on CUDA tensors.
+    On gloo (torch 2.11.0+cu130, H200, 2026-12-04) it killed both ranks with SIGSEGV in ``wait_tensor``: the
+    driver then says TP and CP need two GPUs rather than reporting their crash as a failure."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
+
+    rank, world, device = init(backend)
+    got = fc.all_gather_tensor(torch.full((4,), float(rank), device=device), 0, dist.group.WORLD)
+    want = torch.arange(world, device=device, dtype=torch.float32).repeat_interleave(4)
+    out = {"backend": backend, "correct": bool(torch.equal(got, want))}
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -237,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="probe", required=True)
     coll = sub.add_parser("collectives", help="every collective on CUDA tensors with one backend")
     coll.add_argument("--backend", choices=("nccl", "gloo"), required=True)
+    fun = sub.add_parser("funcol", help="a functional all-gather (DTensor's, CP's) on CUDA tensors")
+    fun.add_argument("--backend", choices=("nccl", "gloo"), required=True)
     cp = sub.add_parser("cp_attention", help="CP all-gather and ring, fwd + bwd, vs dense causal SDPA (bf16)")
     cp.add_argument("--seq", type=int, nargs="+", required=True)
     cp.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo, for tests")
@@ -264,7 +287,10 @@ def set_up(args: argparse.Namespace, cp: int = 2) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result = collectives(args.backend) if args.probe == "collectives" else cp_attention(args.seq, args.device)
+    if args.probe == "cp_attention":
+        result = cp_attention(args.seq, args.device)
+    else:
+        result = (collectives if args.probe == "collectives" else funcol)(args.backend)
     if int(os.environ.get("RANK", "0")) == 0:
         print("RESULT " + json.dumps(result), flush=True)
     return 0

@@ -40,30 +40,33 @@ def test_every_planned_train_command_is_a_valid_config(tmp_path: Path) -> None:
             load_config(None, check.overrides)
 
 
-def test_budgets_fit_eight_minutes_on_one_h200(tmp_path: Path) -> None:
-    """420 s of checks + ~60 s of machine start-up and copying = 8 minutes; each check long enough to start; what
-    does not fit is dropped, lowest value (latest in the plan) first, a reference with the check it serves."""
+def test_budgets_fit_the_device_allowance(tmp_path: Path) -> None:
+    """480 s of checks + a cold start (~100-135 s on the H200) fit in the 15-minute allowance with room
+    for a rerun of the failures; each check long enough to start; what does not fit is dropped, lowest value (latest
+    in the plan) first, a reference with the check it serves."""
+    total = gpu_check.TOTAL_S
     checks = gpu_check.plan(tmp_path)
     boxes = {c.name: c.timeout_s for c in checks}
     kept, dropped = gpu_check.fit(boxes)
-    assert sum(boxes[n] for n in kept) <= 420 and gpu_check.BUDGET_S <= 420, kept
+    assert sum(boxes[n] for n in kept) <= total and gpu_check.BUDGET_S <= total <= 480, kept
     assert min(boxes.values()) >= 15
     assert sorted(kept + dropped) == sorted(boxes) and kept[: len(kept)] == [n for n in boxes if n in kept]
     assert ("mfu_1b" in dropped) == ("mfu_1b_eager" in dropped)  # the eager reference goes with its check
     if dropped:  # the first dropped check did not fit on top of everything kept before it
         before = [n for n in list(boxes)[: list(boxes).index(dropped[0])] if n in kept]
         partner = gpu_check.TOGETHER.get(dropped[0])
-        assert sum(boxes[n] for n in before) + boxes[dropped[0]] + boxes.get(partner, 0) > 420
+        assert sum(boxes[n] for n in before) + boxes[dropped[0]] + boxes.get(partner, 0) > total
     only = gpu_check.fit({n: boxes[n] for n in ("env", "mfu_1b_eager", "mfu_1b")})  # --only: the 1B pair fits
     assert only == (["env", "mfu_1b_eager", "mfu_1b"], [])
 
 
-def test_compiled_checks_budget_their_measured_compile(tmp_path: Path) -> None:
+def test_compiled_checks_budget_twice_their_measured_time(tmp_path: Path) -> None:
+    """The boxes of the checks that ran on the H200 are twice what they took there (cold inductor cache)."""
     import gpu_check_budgets as b
 
-    for name, graph in (("dense_compile", "debugmodel"), ("mfu_1b", "1B")):
-        floor = b.START_S + b.DEVICE_COMPILE_FACTOR * b.COMPILE_CPU_S[graph]
-        assert b.BUDGETS[name] >= floor and b.DEVICE_COMPILE_FACTOR >= 1, name
+    for name, seconds in b.MEASURED_H200_S.items():
+        assert b.BUDGETS[name] >= 2 * seconds, name
+    assert b.BUDGETS["mfu_1b_float8"] >= b.BUDGETS["mfu_1b"]  # another cold compile, not yet measured
 
 
 def test_dropped_checks_are_named_in_the_results(tmp_path: Path) -> None:
@@ -150,7 +153,7 @@ def test_a_layout_whose_losses_leave_the_reference_is_wrong(tp_losses: list[floa
 def test_nccl_refusal_moves_multi_rank_checks_to_gloo() -> None:
     refused = gpu_check.Outcome("nccl_2_ranks", "failed", 3.0, {}, "ncclInvalidUsage: Duplicate GPU detected : rank 1")
     env, said = gpu_check.multi_rank_env(refused)
-    assert env == {"MESHFORGE_CUDA_BACKEND": "gloo"} and "Duplicate GPU detected" in said and "gloo" in said
+    assert env == {"MESHFORGE_CUDA_BACKEND": "gloo"} and "NCCL refused two ranks on one GPU" in said and "gloo" in said
     assert gpu_check.multi_rank_env(gpu_check.Outcome("nccl_2_ranks", "ok", 3.0)) == ({}, "nccl")
 
 
@@ -158,3 +161,33 @@ def test_a_probe_reporting_wrong_values_is_wrong(tmp_path: Path) -> None:
     line = "print('RESULT ' + '{\"correct\": false}')"
     check = gpu_check.Check("cp", [sys.executable, "-c", line], 20, parse="result_line")
     assert gpu_check.run_check(check, budget_left=30).status == "wrong"
+
+
+def test_one_gpu_says_tensor_and_context_parallel_need_two_rather_than_failing() -> None:
+    """The H200 run of 2026-12-04: NCCL refused two ranks on one GPU and gloo's functional collectives on CUDA tensors
+    crashed (SIGSEGV): TP and CP are then 'unsupported' here, with the reason, and do not fail the run; where NCCL
+    runs, the gloo probes are skipped and everything runs."""
+    out = gpu_check.Outcome
+    crashed = out("gloo_cuda_funcol", "failed", 3.0, {"returncode": -11})
+    nccl_refused = out("nccl_2_ranks", "failed", 5.0, {"returncode": 1})
+    gloo = "gloo with CUDA tensors (NCCL probe failed)"
+    why = gpu_check.not_on_this_machine("dense_tp2", gloo, [nccl_refused, crashed])
+    assert why.startswith("needs two GPUs") and "gloo_cuda_funcol: failed" in why
+    assert gpu_check.not_on_this_machine("cp_attention", gloo, [nccl_refused, crashed])
+    assert gpu_check.not_on_this_machine("dense_fsdp2", gloo, [nccl_refused, crashed]) == ""  # c10d API: runs
+    worked = out("gloo_cuda_funcol", "ok", 3.0, {"correct": True})
+    assert gpu_check.not_on_this_machine("dense_tp2", gloo, [nccl_refused, worked]) == ""
+    nccl_ok = out("nccl_2_ranks", "ok", 5.0, {"correct": True})
+    assert gpu_check.not_on_this_machine("dense_tp2", "nccl", [nccl_ok]) == ""
+    assert gpu_check.not_on_this_machine("gloo_cuda_funcol", "nccl", [nccl_ok]) == "NCCL runs the multi-rank checks"
+
+
+def test_nccl_refusing_every_op_is_not_the_multi_rank_backend() -> None:
+    """The probe records refused ops instead of dying (H200, 2026-12-04: every op 'invalid usage'): an 'ok' probe with
+    refused ops still sends the multi-rank checks to gloo, and says why."""
+    refused = {"all_reduce": "DistBackendError: NCCL error in: ...NCCLUtils.cpp:93, invalid usage (run with ..."}
+    probe = gpu_check.Outcome("nccl_2_ranks", "ok", 8.2, {"ops": refused, "unsupported": ["all_reduce"]})
+    env, backend = gpu_check.multi_rank_env(probe)
+    assert env == {"MESHFORGE_CUDA_BACKEND": "gloo"} and "NCCL refused two ranks on one GPU" in backend
+    fine = gpu_check.Outcome("nccl_2_ranks", "ok", 8.2, {"ops": {"all_reduce": "ok"}, "unsupported": []})
+    assert gpu_check.multi_rank_env(fine) == ({}, "nccl")
