@@ -26,6 +26,7 @@ from meshforge.plan.physics.estimate import estimate
 
 PREDICT_SOURCES = (
     "plan/accuracy/calibrate.py",
+    "plan/accuracy/memory_fit.py",
     "plan/accuracy/stack.py",
     "plan/shipped.py",
     "bench/predict.py",

@@ -257,12 +257,17 @@ def format_at_scale() -> str:
 
 
 def _table(preds: list[ScalePrediction]) -> list[str]:
-    lines = ["| row | GPUs | layout | tokens/s/GPU published | predicted | error |", "|---|---:|---|---:|---:|---:|"]
+    """Published and predicted tokens/s, and the model's peak memory (every row ran: a peak over the device is the
+    memory model's miss, said in the cell)."""
+    lines = ["| row | GPUs | layout | tokens/s/GPU published | predicted | error | model's peak GiB |"]
+    lines.append("|---|---:|---|---:|---:|---:|---:|")
     for p in preds:
         layout = p.estimate.layout.describe().replace(" | ", "; ")
+        e = p.estimate
+        peak = f"{e.peak_memory_gib:.0f}" + ("" if e.fits else " (over: it ran)")
         lines.append(
-            f"| {p.name} | {p.world_size:,} | {layout} | {p.published:,.0f} | {p.estimate.tps_per_device:,.0f} | "
-            f"{p.error:+.1%} |"
+            f"| {p.name} | {p.world_size:,} | {layout} | {p.published:,.0f} | {e.tps_per_device:,.0f} | "
+            f"{p.error:+.1%} | {peak} |"
         )
     return lines
 
