@@ -225,8 +225,8 @@ def initial_value(fqn: str, shape: tuple[int, ...], args: ModelArgs, seed: int, 
     gen_device = device if device.type == "cuda" else torch.device("cpu")
     generator = torch.Generator(device=gen_device).manual_seed(seed * 1_000_003 + zlib.crc32(fqn.encode()))
     out = torch.empty(shape, device=gen_device)
-    if fqn == "tok_embeddings.weight":  # tied: also the output projection, whose logits must start near ln(vocab)
-        std, cutoff = (args.dim**-0.5 if args.tie_embeddings else 1.0), 3.0
+    if fqn == "tok_embeddings.weight":  # tied: also the output projection, whose logits must start near ln(vocab):
+        std, cutoff = (0.02 if args.tie_embeddings else 1.0), 3.0  # HF's initializer_range (dim^-0.5 copies the input)
     elif fqn == "output.weight":
         std, cutoff = args.dim**-0.5, 3.0
     elif fqn.endswith(("wo.weight", "w2.weight", "w3.weight", "experts.w2", "experts.w3")):
