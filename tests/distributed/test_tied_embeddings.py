@@ -13,7 +13,9 @@ TIED = ("--model.tie_embeddings", "true")
 def test_tied_fsdp_matches_single_process() -> None:
     want = reference(TIED)
     got = losses(2, ["--training.local_batch_size", str(GLOBAL_BATCH // 2), *TIED])
-    assert_parity(got, want)
+    # gradient norms to 1e-5: from the tied init at std 0.02 the norm grows 0.75 -> 3.7 in 5 steps and FSDP's
+    # reduction order shows at 1.2e-6 by step 5 (2026-12-04); a tie handled wrong differs by orders more
+    assert_parity(got, want, grad_rtol=1e-5)
     untied = reference(("--model.tie_embeddings", "false"))
     assert all(abs(a - b) > 1e-4 for a, b in zip(want, untied, strict=True)), (want, untied)
 
