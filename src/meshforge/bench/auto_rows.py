@@ -76,23 +76,37 @@ def resolve_row(matrix: BenchMatrix, run: BenchRun, hw: Any) -> tuple[BenchRun, 
     return picked, record
 
 
+AS_FIELDS = {
+    "training.seq_len",
+    "training.local_batch_size",
+    "activation_checkpoint.mode",
+    "compile.enable",
+    "quantize.dense.float8.enable",
+    "parallelism.enable_async_tensor_parallel",
+    "parallelism.pipeline_parallel_schedule",
+    *(f"parallelism.{k}_degree" for k in ("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")),
+    *(f"parallelism.{k}_degree" for k in ("pipeline_parallel", "context_parallel")),
+}
+"""The training flags a bench row holds as its own fields (the rest of the layout's flags go to its overrides)."""
+
+
+def layout_keys(layout: Any) -> dict[str, Any]:
+    """The planner's training flags for ``layout`` (plan/guide/guide.py ``layout_overrides``, the one mapping from a
+    layout to `meshforge train`) that a row keeps as overrides: expert degree, microbatch, SAC option, CP impl, the
+    memory levers. A flag without a value is True."""
+    from meshforge.plan.guide.guide import layout_overrides
+
+    flags, keys, i = layout_overrides(layout, []), {}, 0
+    while i < len(flags):
+        has_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
+        keys[flags[i][2:]] = flags[i + 1] if has_value else True
+        i += 2 if has_value else 1
+    return {k: v for k, v in keys.items() if k not in AS_FIELDS}
+
+
 def row_of(run: BenchRun, layout: Any) -> BenchRun:
     """``run`` with the degrees, schedule, features and memory levers of the planner's ``layout`` (plan/layout.py)."""
-    keys: dict[str, Any] = {}
-    if layout.pp > 1:
-        keys["parallelism.pipeline_parallel_microbatch_size"] = layout.microbatch_size
-    if layout.ac_mode == "selective":
-        keys["activation_checkpoint.selective_ac_option"] = layout.sac_option
-    if layout.cp > 1:
-        keys["parallelism.context_parallel_impl"] = layout.cp_impl
-    if layout.ep > 1:
-        keys["parallelism.expert_parallel_degree"] = layout.ep
-    if layout.loss_chunks > 1:
-        keys["training.loss_chunks"] = layout.loss_chunks
-    if layout.activation_offload:
-        keys["activation_checkpoint.offload"] = True
-    if layout.cpu_offload:
-        keys["training.enable_cpu_offload"] = True
+    keys = layout_keys(layout)
     return replace(
         run,
         auto=False,
