@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint venv clean test-compat test-fake-cuda plan-loo ft-proof test-mutants test-mutants-sample test-matrix
+.PHONY: demo test lint venv clean test-isa test-compat test-fake-cuda plan-loo ft-proof test-mutants test-mutants-sample test-matrix
 venv: $(VENV)/.ready
 $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -19,6 +19,11 @@ lint: $(VENV)/.ready
 
 test: lint
 	$(PY) -m pytest -q --durations=15
+
+# the parity tests under CPU kernels this machine does not run by default: oneMKL's Intel kernels (preloaded), MKL_CBWR=COMPATIBLE,
+# ATen's scalar kernels (scripts/test_isa.sh; docs/benchmarks/cpu-parity-noise.md). Not part of `make test`.
+test-isa: $(VENV)/.ready
+	PY=$(PY) bash scripts/test_isa.sh
 
 # torch compatibility (docs/benchmarks/compat.md): its own venv .venv-torch-$(TORCH), parity subset + smoke vs 2.13
 TORCH ?= 2.11.0

@@ -61,7 +61,7 @@ class HostCopyOffload(saved_tensors_hooks):
         if not _offloadable(tensor):
             return tensor
         local, spec = _local(tensor)
-        host = torch.empty(local.size(), dtype=local.dtype, layout=local.layout, device="cpu")
+        host = torch.empty_like(local, device="cpu")  # its strides kept (a dense view): backward's kernels unchanged
         host.copy_(local)
         return local.device, host, spec
 
