@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from fakeworld import fake_rank
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from meshforge.config.io import load_config
@@ -23,7 +24,6 @@ from meshforge.model.flavors import get_flavor
 from meshforge.parallel.dims import FLATTENED
 from meshforge.parallel.distributed import DistContext
 from meshforge.train import loop
-from tests.fakeworld import fake_rank
 
 TRAIN = [
     "--model.flavor", "tiny", "--training.seq_len", "64", "--training.steps", "1", "--training.device", "cpu",

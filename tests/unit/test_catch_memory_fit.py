@@ -14,10 +14,9 @@ from dataclasses import replace
 import pytest
 
 from meshforge.plan.accuracy import memory_fit
-from meshforge.plan.hardware import CPU_EFFICIENCY, HardwareProfile
-from tests.unit.test_plan_calibrate import SPEC
+from meshforge.plan.hardware import CPU_EFFICIENCY, load_hardware
 
-CPU = HardwareProfile(SPEC, CPU_EFFICIENCY)  # allocator_overhead 0: the fixed part is the one fitted
+CPU = replace(load_hardware("h100"), efficiency=CPU_EFFICIENCY)  # only the efficiency counts: allocator_overhead 0
 
 
 def fixed_alone(pairs: list[tuple[float, float]], slack: float) -> float:
