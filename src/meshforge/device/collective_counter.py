@@ -23,16 +23,16 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-# torch.distributed function -> (collective, index of the tensor whose bytes count, keyword of it)
-_FUNCTIONS: dict[str, tuple[str, int, str]] = {
-    "all_reduce": ("all_reduce", 0, "tensor"),
-    "reduce_scatter_single": ("reduce_scatter", 1, "input"),
-    "reduce_scatter_tensor": ("reduce_scatter", 1, "input"),
-    "all_gather_single": ("all_gather", 1, "input_tensor"),
-    "all_gather_into_tensor": ("all_gather", 1, "input_tensor"),
-    "all_to_all_single": ("all_to_all", 1, "input"),
-    "broadcast": ("broadcast", 0, "tensor"),
-    "send": ("send", 0, "tensor"),
+# torch.distributed function -> (collective, index of the tensor whose bytes count, keyword of it, index of the group)
+_FUNCTIONS: dict[str, tuple[str, int, str, int]] = {
+    "all_reduce": ("all_reduce", 0, "tensor", 2),
+    "reduce_scatter_single": ("reduce_scatter", 1, "input", 3),
+    "reduce_scatter_tensor": ("reduce_scatter", 1, "input", 3),
+    "all_gather_single": ("all_gather", 1, "input_tensor", 2),
+    "all_gather_into_tensor": ("all_gather", 1, "input_tensor", 2),
+    "all_to_all_single": ("all_to_all", 1, "input", 4),
+    "broadcast": ("broadcast", 0, "tensor", 2),
+    "send": ("send", 0, "tensor", 2),
 }  # not isend / irecv: torch's P2POp (the pipeline schedules' batched sends) accepts only the original functions
 # torch.distributed._functional_collectives (DTensor's redistributions, expert parallel's all-to-all) -> (collective,
 # index of the group argument)
@@ -79,6 +79,7 @@ class CollectiveCounter:
     axes: dict[str, str] = field(default_factory=dict)
     counts: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     _saved: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    _inside: bool = False  # within a counted functional collective
 
     def add(self, collective: str, group: Any, nbytes: int) -> None:
         if group is None:
@@ -95,10 +96,10 @@ class CollectiveCounter:
     def __enter__(self) -> CollectiveCounter:
         import torch.distributed._functional_collectives as funcol
 
-        for fn, (collective, index, key) in _FUNCTIONS.items():
+        for fn, (collective, index, key, group_index) in _FUNCTIONS.items():
             if hasattr(dist, fn):
                 self._saved[fn] = getattr(dist, fn)
-                setattr(dist, fn, self._wrap(self._saved[fn], collective, index, key))
+                setattr(dist, fn, self._wrap(self._saved[fn], collective, (index, key), group_index))
         for fn, (collective, group_index) in _FUNCTIONAL.items():
             if hasattr(funcol, fn):
                 self._saved[f"funcol.{fn}"] = getattr(funcol, fn)
@@ -112,19 +113,30 @@ class CollectiveCounter:
             setattr(funcol if fn.startswith("funcol.") else dist, fn.removeprefix("funcol."), original)
         self._saved = {}
 
-    def _wrap(self, original: Callable[..., Any], collective: str, index: int, key: str) -> Callable[..., Any]:
+    def _wrap(
+        self, original: Callable[..., Any], collective: str, tensor_at: tuple[int, str], group_index: int
+    ) -> Callable[..., Any]:
+        index, key = tensor_at
+
         def counted(*args: Any, **kwargs: Any) -> Any:
             tensor = kwargs.get(key, args[index] if len(args) > index else None)
-            self.add(collective, kwargs.get("group"), _nbytes(tensor))
+            group = kwargs.get("group", args[group_index] if len(args) > group_index else None)
+            self.add(collective, group, _nbytes(tensor))
             return original(*args, **kwargs)
 
         return counted
 
     def _wrap_functional(self, original: Callable[..., Any], collective: str, index: int) -> Callable[..., Any]:
         def counted(*args: Any, **kwargs: Any) -> Any:
+            if self._inside:  # a deprecated alias calling its successor (all_gather_tensor -> _single): one call
+                return original(*args, **kwargs)
             group = kwargs.get("group", args[index] if len(args) > index else None)
             self.add(collective, _group_name(group), _nbytes(args[0] if args else kwargs.get("self")))
-            return original(*args, **kwargs)
+            self._inside = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._inside = False
 
         return counted
 
