@@ -34,13 +34,17 @@ from meshforge.parallel import composability as table
 pytestmark = pytest.mark.distributed
 FULL = os.environ.get("MESHFORGE_MATRIX") == "full"
 LOSS_RTOL, GRAD_RTOL = 1e-5, 1e-5
-"""The float32 allowance: every job within it is at parity whatever its noise floor."""
+"""The float32 allowance, relative, every compared step. Measured float32 floor (docs/benchmarks/cpu-parity-noise.md):
+the largest float32 job's difference from one process 2.5e-6 on AMD's oneMKL kernels, 3.6e-6 on Intel's; Float8
+jobs at step 1 at most 1.4e-6 on either."""
+FLOAT8_STEPS = 1
+"""A Float8 job is compared at its first step only: AdamW's first update moves every weight by +-lr by its gradient's
+sign, and where Float8 rounding decides a near-zero gradient's sign, equally valid blockings of the same one-process
+run differ at step 2 by up to 1e-2 (measured with ``MESHFORGE_MATRIX_TWINS=1``). Its later steps are checked finite;
+the optimizer under each layout is compared by that layout's float32 jobs."""
 TWINS = (2, 3)
-"""Each reference runs again with every matmul summed over 2 and 3 slices of its reduced dimension
-(tests/blocking.py): its noise floor is the larger relative difference of the twins from it, per metric."""
-FLOOR_FACTOR = 4.0
-"""A job is at parity within max(the float32 allowance, FLOOR_FACTOR x its reference's floor)
-(docs/benchmarks/cpu-parity-noise.md: what was measured on the AMD and the imitated Intel kernels)."""
+"""MESHFORGE_MATRIX_TWINS=1 (a measurement, not CI): each Float8 reference runs again with every matmul re-blocked
+(tests/blocking.py, 2 and 3 slices of its reduced dimension); the log gets each reference's floor."""
 TWIN = "ksplit="
 
 
@@ -141,8 +145,9 @@ def run_matrix(jobs: list[mc.Job], backend: str, layouts: tuple[str, ...] | None
         by_world.setdefault(world, {})[name] = args
     keys = sorted({mc.reference_key(j) for j in jobs})
     by_world.setdefault(1, {}).update({f"ref {k}": mc.reference_overrides(k) for k in keys})
-    twins = {f"twin{p} {k}": [f"{TWIN}{p}", *mc.reference_overrides(k)] for k in keys if k[1] != "off" for p in TWINS}
-    by_world[1].update(twins)
+    if os.environ.get("MESHFORGE_MATRIX_TWINS") == "1":
+        float8 = [k for k in keys if k[1] != "off"]
+        by_world[1].update({f"twin{p} {k}": [f"{TWIN}{p}", *mc.reference_overrides(k)] for k in float8 for p in TWINS})
     results: dict[str, tuple[str, Any]] = {}
     for world, batch in sorted(by_world.items()):
         results |= launch(world, batch)
@@ -160,9 +165,9 @@ def outcome(job: mc.Job, result: tuple[str, Any], refs: dict[str, tuple[str, Any
     assert job.get("validation") != "on" or all(v is not None and math.isfinite(v) for *_, v in detail), detail
     ref_status, want = refs[f"ref {mc.reference_key(job)}"]
     assert ref_status == "ran", (mc.reference_key(job), want)
-    loss_tol, grad_tol = tolerances(mc.reference_key(job), refs)
-    loss_rel, grad_rel = max_rel(detail, want)
-    return "parity" if loss_rel <= loss_tol and grad_rel <= grad_tol else "runs"
+    steps = FLOAT8_STEPS if job["float8"] != "off" else len(want)
+    loss_rel, grad_rel = max_rel(detail[:steps], want[:steps])
+    return "parity" if loss_rel <= LOSS_RTOL and grad_rel <= GRAD_RTOL else "runs"
 
 
 def max_rel(got: list[Any], want: list[Any]) -> tuple[float, float]:
@@ -172,13 +177,17 @@ def max_rel(got: list[Any], want: list[Any]) -> tuple[float, float]:
     return loss, max(abs(g[1] - w[1]) / abs(w[1]) for g, w in pairs)
 
 
-def tolerances(key: tuple[str, ...], refs: dict[str, tuple[str, Any]]) -> tuple[float, float]:
-    """(loss, grad norm) relative tolerances of the jobs compared with reference ``key``: the float32 allowance, or
-    FLOOR_FACTOR x the reference's measured noise floor where that is larger (Float8 runs)."""
-    want = refs[f"ref {key}"][1]
-    floors = [max_rel(refs[f"twin{p} {key}"][1], want) for p in TWINS if f"twin{p} {key}" in refs]
-    loss_floor, grad_floor = (max((f[i] for f in floors), default=0.0) for i in (0, 1))
-    return max(LOSS_RTOL, FLOOR_FACTOR * loss_floor), max(GRAD_RTOL, FLOOR_FACTOR * grad_floor)
+def floors(refs: dict[str, tuple[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Per reference with twins: each step's larger relative difference of its twins (loss, grad norm)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for name, (status, detail) in refs.items():
+        if name.startswith("twin") and status == "ran":
+            want = refs[f"ref {name.split(' ', 1)[1]}"][1]
+            per_step = [max_rel([g], [w]) for g, w in zip(detail, want, strict=True)]
+            key = name.split(" ", 1)[1]
+            old = out.get(key, [(0.0, 0.0)] * len(per_step))
+            out[key] = [(max(a[0], b[0]), max(a[1], b[1])) for a, b in zip(old, per_step, strict=True)]
+    return out
 
 
 def judge(run: dict[str, Any]) -> tuple[dict[tuple[str, str], str], list[str]]:
@@ -221,6 +230,10 @@ def check(test: str, strength: int, layouts: tuple[str, ...] | None) -> None:
     run = run_matrix(mc.cover(strength, layouts=layouts), backend, layouts) | {"test": test}
     proved, problems = judge(run)
     record(test, proved, time.perf_counter() - start, len(run["named"]))
+    log = os.environ.get("MESHFORGE_MATRIX_LOG")
+    for key, per_step in floors(run["results"]).items() if log else ():
+        with open(str(log), "a") as f:  # the one-process floor of each Float8 reference, per step (loss, grad norm)
+            print(f"floor {key} " + " ".join(f"{a:.1e}/{b:.1e}" for a, b in per_step), file=f)
     assert not problems, "\n".join(problems)
 
 
