@@ -170,7 +170,7 @@ def params_digest(state: TrainState) -> str:
     digest = hashlib.sha256()
     tensors = [local(p.detach()) for part in state.model_parts for p in part.parameters()] + expert_biases(state)
     for t in tensors:
-        digest.update(t.contiguous().view(-1).view(torch.uint8).cpu().numpy())  # hashed in place: no bytes copy
+        digest.update(t.contiguous().view(-1).view(torch.uint8).cpu().numpy().data)  # in place: no bytes copy
     return digest.hexdigest()[:16]
 
 
