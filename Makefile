@@ -40,7 +40,7 @@ plan-loo: $(VENV)/.ready
 
 # the torchft kill-and-rejoin proof (docs/fault-tolerance.md; ~3 min under load); needs pip install -e '.[ft]'
 ft-proof: $(VENV)/.ready
-	MESHFORGE_FT_FIGURES=outputs/ft_figures.json $(PY) -m pytest -q -s tests/integration/test_fault_tolerance.py
+	MESHFORGE_FT_FIGURES=outputs/ft_figures.json $(PY) -m pytest -q -s tests/integration/test_fault_tolerance.py tests/integration/test_fault_tolerance_hang.py
 
 # the composability matrix over every layout, with compile (docs/composability.md; `make test` runs CI's pairwise cover);
 # outputs/matrix_full.json feeds `python -m meshforge.parallel.composability_measured ci.json outputs/matrix_full.json`

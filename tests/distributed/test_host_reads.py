@@ -108,7 +108,8 @@ def _fault_tolerant(args: list[str]) -> dict[str, Any]:
     from meshforge.train.ft_cli import start_lighthouse
 
     server = start_lighthouse(0, 1, 1000, 1000)
-    ft = ["--fault_tolerance.enable", "--fault_tolerance.group_size", "1", "--fault_tolerance.lighthouse"]
+    ft = ["--fault_tolerance.enable", "--fault_tolerance.group_size", "1", "--fault_tolerance.params_digest"]
+    ft += ["--fault_tolerance.lighthouse"]  # the digest on: its host copy must stay on the log steps
     try:
         return count_host_reads([*args, *ft, server.address()])
     finally:

@@ -30,7 +30,7 @@ ARGS = [
     "--model.flavor", "tiny", "--training.seq_len", "128", "--training.local_batch_size", "16",
     "--training.steps", str(STEPS), "--training.deterministic", "--training.mixed_precision_param", "float32",
     "--metrics.log_freq", "1", "--activation_checkpoint.mode", "none", "--metrics.straggler_threshold", "0",
-    "--comm.train_timeout_seconds", "30",
+    "--comm.train_timeout_seconds", "30", "--fault_tolerance.params_digest",
 ]  # fmt: skip
 
 

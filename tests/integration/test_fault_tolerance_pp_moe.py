@@ -26,6 +26,7 @@ COMMON = [
     "--training.steps", "400", "--training.deterministic", "--training.mixed_precision_param", "float32",
     "--metrics.log_freq", "1", "--activation_checkpoint.mode", "none", "--metrics.straggler_threshold", "0",
     "--comm.train_timeout_seconds", "60", "--fault_tolerance.start_together", "false",
+    "--fault_tolerance.params_digest",
 ]  # fmt: skip
 CASES = {
     "pp": ["--model.flavor", "tiny", "--training.seq_len", "64", "--training.local_batch_size", "4",

@@ -129,14 +129,15 @@ def test_a_group_that_keeps_failing_after_a_commit_ends_within_the_train_timeout
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     group = stuck_group(min_replica_size=1, init_timeout=1, participants=2)
-    group.committed = time.perf_counter()  # a step committed: from now on comm.train_timeout_seconds applies
+    group.committed = time.perf_counter()  # a step committed: from now on max_failed_attempts and the train timeout
     group.state.step = 7
     with pytest.raises(SystemExit):
         for _ in range(100):
             assert not group.should_commit()
             time.sleep(0.05)
     err = capsys.readouterr().err.strip()
-    assert "step 7 did not commit within comm.train_timeout_seconds = 1 s: a group kept voting against" in err, err
+    assert "step 7 did not commit within " in err and " attempts (fault_tolerance.max_failed_attempts = 3)" in err, err
+    assert "and comm.train_timeout_seconds = 1 s since the last commit: a group kept voting against" in err, err
 
 
 @pytest.mark.parametrize(

@@ -96,7 +96,7 @@ def test_a_results_file_with_an_impossible_run_is_one_line(
         ("--ft-mtbf-gpu-hours", "nan", "--ft-mtbf-gpu-hours nan must be a finite number > 0"),
         ("--ft-mtbf-gpu-hours", "inf", "--ft-mtbf-gpu-hours inf must be a finite number > 0"),
         ("--ft-mtbf-gpu-hours", "0", "--ft-mtbf-gpu-hours 0.0 must be a finite number > 0"),
-        ("--ft-restart-seconds", "nan", "--ft-restart-seconds nan must be a finite number >= 0"),
+        ("--ft-restart-seconds", "nan", "--ft-restart-seconds nan must be a finite number > 0"),
         ("--ft-checkpoint-interval-seconds", "-3", "--ft-checkpoint-interval-seconds -3.0 must be"),
         ("--ft-quorum-seconds", "inf", "--ft-quorum-seconds inf must be a finite number >= 0"),
     ],
@@ -107,6 +107,77 @@ def test_fault_tolerance_figures_must_be_finite(
     argv = ["plan", "--model.flavor", "8B", "--world-size", "64", "--hardware", "h100", "--fault-tolerance"]
     argv += ["--parallelism.data_parallel_replicate_degree", "8", flag, value]
     assert says in one_line(argv, capsys)
+
+
+FT_PLAN = ["plan", "--model.flavor", "8B", "--world-size", "64", "--hardware", "h100", "--fault-tolerance"]
+R8 = ["--parallelism.data_parallel_replicate_degree", "8"]
+FT_BAD = {  # issue 43 item 9: zero, negative, NaN, inf, out of range, failures faster than a restart, replica counts
+    "mtbf negative": ([*R8, "--ft-mtbf-gpu-hours", "-5"], "--ft-mtbf-gpu-hours -5.0 must be a finite number > 0"),
+    "mtbf overflows": ([*R8, "--ft-mtbf-gpu-hours", "1e308"], "--ft-mtbf-gpu-hours 1e+308 must be a finite number"),
+    "failures faster than a restart": (
+        [*R8, "--ft-mtbf-gpu-hours", "0.01"],
+        "--ft-mtbf-gpu-hours 0.01 on 64 GPUs is one failure every 0.562 s, no longer than a restart "
+        "(--ft-restart-seconds 600)",
+    ),
+    "a restart longer than the failures": (
+        [*R8, "--ft-restart-seconds", "3e6"],  # the default MTBF on 64 GPUs: 2.85e6 s
+        "one failure every 2.85e+06 s",
+    ),
+    "restart zero": ([*R8, "--ft-restart-seconds", "0"], "--ft-restart-seconds 0.0 must be a finite number > 0"),
+    "restart negative": ([*R8, "--ft-restart-seconds", "-1"], "--ft-restart-seconds -1.0 must be a finite number > 0"),
+    "restart inf": ([*R8, "--ft-restart-seconds", "inf"], "--ft-restart-seconds inf must be a finite number > 0"),
+    "restart above the bound": ([*R8, "--ft-restart-seconds", "1e12"], "(at most 1e9)"),
+    "save nan": ([*R8, "--ft-checkpoint-save-seconds", "nan"], "--ft-checkpoint-save-seconds nan must be a finite"),
+    "save negative": ([*R8, "--ft-checkpoint-save-seconds", "-1"], "--ft-checkpoint-save-seconds -1.0 must be"),
+    "interval overflows": (
+        [*R8, "--ft-checkpoint-interval-seconds", "1e308"],
+        "--ft-checkpoint-interval-seconds 1e+308",
+    ),
+    "quorum negative": ([*R8, "--ft-quorum-seconds", "-0.5"], "--ft-quorum-seconds -0.5 must be a finite number >= 0"),
+    "one group": (
+        ["--parallelism.data_parallel_replicate_degree", "1"],
+        "set --parallelism.data_parallel_replicate_degree R (R >= 2 groups)",
+    ),
+    "zero groups": (["--parallelism.data_parallel_replicate_degree", "0"], "data_parallel_replicate_degree = 0 must"),
+    "negative groups": (["--parallelism.data_parallel_replicate_degree", "-8"], "replicate_degree = -8 must be >= 1"),
+    "groups not dividing": (["--parallelism.data_parallel_replicate_degree", "3"], "--world-size 64 is not divisible"),
+    "group_size disagrees": (
+        [*R8, "--fault_tolerance.group_size", "4"],
+        "fault_tolerance.group_size = 4 disagrees with --parallelism.data_parallel_replicate_degree 8",
+    ),
+    "group_size negative": ([*R8, "--fault_tolerance.group_size", "-1"], "fault_tolerance.group_size = -1 disagrees"),
+    "local_replicas disagrees": ([*R8, "--fault_tolerance.local_replicas", "3"], "local_replicas = 3 disagrees"),
+    "min_replica_size zero": (
+        [*R8, "--fault_tolerance.min_replica_size", "0"],
+        "fault_tolerance.min_replica_size = 0 must be in [1, 8]",
+    ),
+    "min_replica_size above the groups": ([*R8, "--fault_tolerance.min_replica_size", "9"], "= 9 must be in [1, 8]"),
+    "world size zero": (["--world-size", "0", *R8], "--world-size 0 must be >= 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(FT_BAD))
+def test_a_bad_fault_tolerance_input_is_one_line(case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    flags, says = FT_BAD[case]
+    err = one_line([*FT_PLAN, *flags], capsys)
+    assert says in err, err
+
+
+@pytest.mark.parametrize("flag", ["--ft-mtbf-gpu-hours", "--ft-restart-seconds", "--ft-quorum-seconds"])
+def test_a_fault_tolerance_figure_without_the_section_is_one_line(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --fault-tolerance the figure would change nothing: said, not silently dropped."""
+    err = one_line([*PLAN, "--hardware", "h100", flag, "5"], capsys)
+    assert f"{flag} only acts with --fault-tolerance" in err, err
+
+
+def test_failures_that_outrun_checkpoint_restart_are_an_answer_not_a_crash(capsys: pytest.CaptureFixture[str]) -> None:
+    """One failure every 703 s on 64 GPUs: past a 600 s restart, but checkpoint-restart loses ~800 s per failure, so
+    it makes no progress (goodput 0); the section says so instead of dividing by it."""
+    assert main([*FT_PLAN, *R8, "--ft-mtbf-gpu-hours", "12.5"]) == 0
+    out = capsys.readouterr().out
+    assert "goodput: checkpoint-restart 0.0%" in out and "checkpoint-restart makes no progress" in out, out
 
 
 @pytest.mark.parametrize(

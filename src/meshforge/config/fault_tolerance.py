@@ -26,6 +26,12 @@ class FaultTolerance:
     """The first step waits for all group_size groups (else a group that starts later begins with a recovery)."""
     local_replicas: int = 0
     """With `meshforge train --nproc N`: start a Lighthouse and this many local groups of N / local_replicas ranks."""
+    max_failed_attempts: int = 3
+    """Give up (exit 5) only after this many attempts of a step failed in a row and comm.train_timeout_seconds have
+    passed since the last commit (both restart at each commit); >= 2: the first attempt after a hung peer always
+    fails (it waits out the timeout), the retry is the one that runs in the smaller quorum."""
+    params_digest: bool = False
+    """Hash this rank's parameter shards into ft_steps on log steps (a host copy of every shard: tests, debugging)."""
 
     def validate(self) -> None:
         if not self.enable:
@@ -37,6 +43,12 @@ class FaultTolerance:
         if not 0 <= self.replica_id < groups:
             raise ConfigError(
                 f"fault_tolerance.replica_id = {self.replica_id} must be in [0, fault_tolerance.group_size = {groups})"
+            )
+        if self.max_failed_attempts < 2:
+            raise ConfigError(
+                f"fault_tolerance.max_failed_attempts = {self.max_failed_attempts} must be >= 2: the first attempt "
+                "after a hung peer always fails (it waits out comm.train_timeout_seconds); the retry runs in the "
+                "smaller quorum"
             )
         if self.min_replica_size < 1:
             raise ConfigError(f"fault_tolerance.min_replica_size = {self.min_replica_size} must be >= 1")

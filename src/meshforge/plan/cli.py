@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Entry point of `meshforge plan`; user mistakes raise ConfigError (one line, exit 2)."""
     opts, overrides = build_parser().parse_known_args(argv)
+    ft.check_flags(opts)  # a bad --ft-* figure, or one given without --fault-tolerance, before anything runs
     if opts.article:
         return run_article(opts)
     if not opts.hardware:

@@ -37,12 +37,12 @@ from meshforge.errors import ConfigError
 from meshforge.model.moe import moe_layers
 from meshforge.observability.metrics import log_step
 from meshforge.parallel.distributed import report_once
+from meshforge.train.ft_clock import NO_QUORUM_EXIT, give_up_when_stuck
 
 if TYPE_CHECKING:
     from meshforge.train.loop import TrainState
 
 INSTALL = "pip install 'meshforge[ft]' (or pip install torchft==0.2.0)"
-NO_QUORUM_EXIT = 5  # no step could commit within the timeouts (1: a crash, 2: a config mistake, 3: a hang, 4: diverged)
 
 
 def import_torchft() -> Any:
@@ -170,7 +170,7 @@ def params_digest(state: TrainState) -> str:
     digest = hashlib.sha256()
     tensors = [local(p.detach()) for part in state.model_parts for p in part.parameters()] + expert_biases(state)
     for t in tensors:
-        digest.update(t.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+        digest.update(t.contiguous().view(-1).view(torch.uint8).cpu().numpy().data)  # in place: no bytes copy
     return digest.hexdigest()[:16]
 
 
@@ -189,6 +189,7 @@ class FaultTolerance:
     log: Path | None = None
     started: float = field(default_factory=time.perf_counter)
     committed: float = 0.0  # when the last step committed (0: none yet)
+    failures: int = 0  # attempts that failed in a row since the last commit (train/ft_clock.py)
     retried_step: int = 0  # the step whose retry was last announced (one line per step, not per retry)
     quorum_s: float = 0.0  # this step's quorum (start_quorum) and commit vote, in the ft_steps log (plan's default)
     biases: list[torch.Tensor] = field(default_factory=list)  # MoE expert biases at the step's start (a retry's)
@@ -329,7 +330,7 @@ class FaultTolerance:
         self._attempt(committed)
         if committed:
             self.manager._min_replica_size = self.cfg.fault_tolerance.min_replica_size
-            self.committed = time.perf_counter()
+            self.committed, self.failures = time.perf_counter(), 0
             self._record(self.committed - began)
             return True
         self.state.optimizer.zero_grad(set_to_none=True)
@@ -337,8 +338,8 @@ class FaultTolerance:
         with torch.no_grad():  # the failed step's expert-bias update is undone with it
             for bias, value in zip(expert_biases(self.state), self.biases, strict=True):
                 bias.copy_(value)
-        self.retry = True
-        self.give_up_when_stuck(waiting)
+        self.retry, self.failures = True, self.failures + 1
+        give_up_when_stuck(self, time.perf_counter(), waiting)
         if waiting:  # before the first commit: the other groups are still starting
             time.sleep(0.2)
         if self.state.metrics.console and not (waiting and self.said_waiting) and self.retried_step != self.state.step:
@@ -352,40 +353,6 @@ class FaultTolerance:
             print(f"meshforge: fault tolerance: step {self.state.step} not committed ({why}); retrying it", flush=True)
         return False
 
-    def give_up_when_stuck(self, waiting: bool) -> None:
-        """End every rank of the group (one line, exit NO_QUORUM_EXIT) when no step has committed for
-        comm.init_timeout_seconds since the start (the first step) or comm.train_timeout_seconds since the last
-        commit: a quorum that cannot form or a group that keeps failing ends instead of retrying forever."""
-        comm = self.cfg.comm
-        limit, key = (comm.train_timeout_seconds, "train") if self.committed else (comm.init_timeout_seconds, "init")
-        late = torch.tensor([float(time.perf_counter() - (self.committed or self.started) > limit)])
-        if dist.is_initialized():  # the group's ranks decide together (each rank's clock differs by a retry)
-            late = late.to(self.state.ctx.device)
-            dist.all_reduce(late, op=dist.ReduceOp.MAX)
-        if not late.item():
-            return
-        ft, n = self.cfg.fault_tolerance, self.manager.num_participants()
-        if waiting:
-            why = (
-                f"fault_tolerance.start_together waits for all {num_groups(self.cfg)} replica groups and {n} joined; "
-                "start the other groups, or set fault_tolerance.start_together = false"
-            )
-        elif n < ft.min_replica_size:
-            why = (
-                f"only {n} replica group(s) in the quorum, fewer than fault_tolerance.min_replica_size = "
-                f"{ft.min_replica_size}; start the missing groups or lower fault_tolerance.min_replica_size"
-            )
-        else:
-            err = self.manager.errored()
-            failed = f"the step's all-reduce failed ({str(err.original_exception)[:160]})" if err else "a group"
-            why = f"{failed} kept voting against the commit; the other groups' output says why"
-
-        report_once(
-            f"meshforge: fault tolerance: step {self.state.step} did not commit within comm.{key}_timeout_seconds = "
-            f"{limit} s: {why}. The last committed step is {self.state.step - 1}"
-        )
-        raise SystemExit(NO_QUORUM_EXIT)
-
     def _attempt(self, committed: bool) -> None:
         """One row per attempted step (ft_attempts log), committed or to be retried: the lost work is counted."""
         if self.attempts is None:  # a wrapper that was not started (no log folder)
@@ -395,9 +362,9 @@ class FaultTolerance:
             f.write(json.dumps(row) + "\n")
 
     def _record(self, commit_s: float) -> None:
-        """The committed step's row (ft_steps log), with the integrity digest of the parameters on log steps only:
-        it copies every local parameter shard to the host and SHA-256s it (8B on FSDP 8: ~4 GB per rank, seconds),
-        which a step that does not log must not pay (docs/benchmarks/step-at-scale.md)."""
+        """The committed step's row (ft_steps log), with the integrity digest of the parameters on log steps only when
+        fault_tolerance.params_digest (off by default): it copies every local parameter shard to the host and
+        SHA-256s it (8B on FSDP 8: ~4 GB per rank, seconds), which training must not pay (docs/fault-tolerance.md)."""
         assert self.log is not None
         s = self.state
         row: dict[str, Any] = {
@@ -408,7 +375,8 @@ class FaultTolerance:
             "quorum_s": round(self.quorum_s, 5),
             "commit_s": round(commit_s, 5),
         }
-        if log_step(s.step, self.cfg.metrics.log_freq, self.cfg.training.steps):
+        digest = self.cfg.fault_tolerance.params_digest  # off by default: a host copy of every shard
+        if digest and log_step(s.step, self.cfg.metrics.log_freq, self.cfg.training.steps):
             row["params_before"] = params_digest(s)
         with self.log.open("a") as f:
             f.write(json.dumps(row) + "\n")

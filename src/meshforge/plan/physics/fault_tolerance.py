@@ -184,47 +184,106 @@ def format_section(a: dict[str, Any]) -> str:
             f"{a['groups']})",
             f"  goodput: checkpoint-restart {a['goodput_checkpoint_restart']:.1%}, live recovery "
             f"{a['goodput_live']:.1%}; effective tokens/s per device (goodput x fault-free speed): "
-            f"{a['effective_tps_checkpoint_restart']:,.1f} vs {a['effective_tps_live']:,.1f} "
-            f"({a['effective_tps_live'] / a['effective_tps_checkpoint_restart'] - 1:+.1%} with live recovery)",
+            f"{a['effective_tps_checkpoint_restart']:,.1f} vs {a['effective_tps_live']:,.1f} ({versus(a)})",
             f"  checkpoint every {a['best_checkpoint_interval_s']:,.0f} s minimises saves + lost work for a "
             f"{f['checkpoint_save_s']:g} s save (Young / Daly)",
         ]
     )
 
 
+def versus(a: dict[str, Any]) -> str:
+    """Live recovery's effective speed against checkpoint-restart's, which may be none (failures lose more work
+    than comes between them)."""
+    ckpt, live = a["effective_tps_checkpoint_restart"], a["effective_tps_live"]
+    if not ckpt:
+        return "checkpoint-restart makes no progress: a failure loses more than the time between failures"
+    return f"{live / ckpt - 1:+.1%} with live recovery"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The --fault-tolerance flags (grouped, so plan/cli.py only calls this)."""
+    """The --fault-tolerance flags (grouped, so plan/cli.py only calls this); None: not given (``FLAGS`` defaults)."""
     g = parser.add_argument_group("fault tolerance (--fault-tolerance)")
     g.add_argument("--fault-tolerance", action="store_true", help="torchft groups: step cost and goodput at scale")
-    g.add_argument("--ft-mtbf-gpu-hours", type=float, default=MTBF_GPU_HOURS, help="MTBF of one GPU (Llama 3's)")
-    g.add_argument("--ft-restart-seconds", type=float, default=600.0, help="relaunch + load of a restarted job")
-    g.add_argument("--ft-checkpoint-save-seconds", type=float, default=10.0, help="blocking time of one save")
-    g.add_argument(
-        "--ft-checkpoint-interval-seconds",
-        type=float,
-        default=0.0,
-        help="default: checkpoint.interval_seconds, else checkpoint.interval steps x the plain step time",
-    )
-    g.add_argument("--ft-quorum-seconds", type=float, default=QUORUM_SECONDS, help="quorum + commit per step")
+    for name, (default, _, text) in FLAGS.items():
+        g.add_argument(f"--ft-{name.replace('_', '-')}", type=float, default=None, help=f"{text} (default {default:g})")
+
+
+FLAGS = {
+    "mtbf_gpu_hours": (MTBF_GPU_HOURS, "> 0", "MTBF of one GPU in hours (Llama 3's)"),
+    "restart_seconds": (600.0, "> 0", "relaunch + load of a restarted job"),
+    "checkpoint_save_seconds": (10.0, ">= 0", "blocking time of one save"),
+    "checkpoint_interval_seconds": (
+        0.0,
+        ">= 0",
+        "0: checkpoint.interval_seconds, else checkpoint.interval steps x the plain step time",
+    ),
+    "quorum_seconds": (QUORUM_SECONDS, ">= 0", "quorum + commit per step"),
+}
+"""flag (--ft-NAME with dashes) -> (default, the bound it must meet, help)."""
+LARGEST = 1e9
+"""No --ft-* figure above this (hours or seconds): beyond it the job's figures overflow or mean nothing."""
+
+
+def check_flags(opts: argparse.Namespace) -> dict[str, float]:
+    """Each --ft-* figure (its default when not given), or a one-line ConfigError naming the flag, the value and the
+    bound: not a number, infinite, negative, zero where it must be positive, above LARGEST, or given without
+    --fault-tolerance (it would change nothing)."""
+    given = [name for name in FLAGS if getattr(opts, f"ft_{name}", None) is not None]
+    if given and not opts.fault_tolerance:
+        flag = f"--ft-{given[0].replace('_', '-')}"
+        raise ConfigError(f"{flag} only acts with --fault-tolerance: add --fault-tolerance or drop {flag}")
+    values = {}
+    for name, (default, least, _) in FLAGS.items():
+        value = getattr(opts, f"ft_{name}", None)
+        value = default if value is None else value
+        low = not value > 0 if least == "> 0" else not value >= 0  # nan fails both
+        if low or not math.isfinite(value) or value > LARGEST:
+            raise ConfigError(f"--ft-{name.replace('_', '-')} {value} must be a finite number {least} (at most 1e9)")
+        values[name] = value
+    return values
+
+
+def check_groups(cfg: JobConfig, layout: Layout) -> None:
+    """The [fault_tolerance] keys given beside --fault-tolerance must agree with its R = dp_replicate groups."""
+    ft, groups = cfg.fault_tolerance, layout.dp_replicate
+    for key in ("group_size", "local_replicas"):
+        value = getattr(ft, key)
+        if value and value != groups:
+            raise ConfigError(
+                f"fault_tolerance.{key} = {value} disagrees with --parallelism.data_parallel_replicate_degree "
+                f"{groups}: the planner runs the replicate dimension as the groups; drop it or give both the same"
+            )
+    if not 1 <= ft.min_replica_size <= groups:
+        raise ConfigError(
+            f"fault_tolerance.min_replica_size = {ft.min_replica_size} must be in [1, {groups}] (the "
+            f"data_parallel_replicate_degree groups): no quorum could commit a step otherwise"
+        )
+
+
+def check_failures(f: Failures, gpus: int) -> None:
+    """Refuse failures that come faster than a restart: checkpoint-restart would never train (one line)."""
+    mtbf = f.cluster_mtbf_s(gpus)
+    if mtbf <= f.restart_s:
+        raise ConfigError(
+            f"--ft-mtbf-gpu-hours {f.mtbf_gpu_hours:g} on {gpus} GPUs is one failure every {mtbf:.3g} s, no longer "
+            f"than a restart (--ft-restart-seconds {f.restart_s:g}): the job would never train; the MTBF is per GPU, "
+            "in hours (default: Llama 3's, 50,677)"
+        )
 
 
 def run(opts: argparse.Namespace, cfg: JobConfig, layout: Layout, hw: HardwareProfile) -> dict[str, Any]:
     """The analysis for the job's config and the flags (plan/cli.py prints it or adds it to --json)."""
-    for name in ("mtbf_gpu_hours", "restart_seconds", "checkpoint_save_seconds", "checkpoint_interval_seconds"):
-        value = getattr(opts, f"ft_{name}")
-        least = "> 0" if name == "mtbf_gpu_hours" else ">= 0"
-        if not math.isfinite(value) or value < 0 or (value == 0 and least == "> 0"):
-            raise ConfigError(f"--ft-{name.replace('_', '-')} {value} must be a finite number {least}")
-    if not math.isfinite(opts.ft_quorum_seconds) or opts.ft_quorum_seconds < 0:
-        raise ConfigError(f"--ft-quorum-seconds {opts.ft_quorum_seconds} must be a finite number >= 0")
-    interval = opts.ft_checkpoint_interval_seconds or cfg.checkpoint.interval_seconds
+    flags = check_flags(opts)
+    check_groups(cfg, layout)
+    interval = flags["checkpoint_interval_seconds"] or cfg.checkpoint.interval_seconds
     if not interval:
-        interval = cfg.checkpoint.interval * step_cost(layout, hw, opts.ft_quorum_seconds)[0].plain_s
+        interval = cfg.checkpoint.interval * step_cost(layout, hw, flags["quorum_seconds"])[0].plain_s
     f = Failures(
-        mtbf_gpu_hours=opts.ft_mtbf_gpu_hours,
+        mtbf_gpu_hours=flags["mtbf_gpu_hours"],
         checkpoint_interval_s=interval,
-        checkpoint_save_s=opts.ft_checkpoint_save_seconds,
-        restart_s=opts.ft_restart_seconds,
+        checkpoint_save_s=flags["checkpoint_save_seconds"],
+        restart_s=flags["restart_seconds"],
         detect_restart_s=float(cfg.comm.train_timeout_seconds),
     )
-    return analyse(layout, hw, f, opts.ft_quorum_seconds)
+    check_failures(f, layout.world_size)
+    return analyse(layout, hw, f, flags["quorum_seconds"])
