@@ -14,6 +14,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._local_tensor import maybe_disable_local_tensor_mode
 
 from meshforge.errors import ConfigError
 from meshforge.model.document_mask import DocumentMask, build_document_mask, masked_attention
@@ -211,7 +212,8 @@ class Transformer(nn.Module):
                 module.init_buffers()
         for name, param in self.named_parameters():
             fqn = canonical_name(name)
-            full = initial_value(fqn, tuple(param.shape), self.args, seed, param.device)
+            with maybe_disable_local_tensor_mode():  # --local-ranks: one draw, not one per simulated rank
+                full = initial_value(fqn, tuple(param.shape), self.args, seed, param.device)
             copy_into(param, full)
 
 

@@ -43,9 +43,10 @@ from meshforge.parallel.composability import job_features
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.cpu_offload import banner, check_cpu_offload, materialize
 from meshforge.parallel.dims import ParallelDims, sub_mesh
-from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
+from meshforge.parallel.distributed import LOCAL_BACKEND, DistContext, init_distributed, set_timeouts
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales, resolve_emulation
 from meshforge.parallel.gradient_sync import keep_gathered, once_per_step, set_micro_step
+from meshforge.parallel.local_ranks import build_local_loader as local_loader
 from meshforge.parallel.parallelize import parallelize
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
 from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, saved_global_batch
@@ -111,14 +112,17 @@ def setup(cfg: JobConfig) -> TrainState:
     )
     mesh = dims.build_mesh(ctx.device.type)
     dp_rank, dp_degree = data_shard(cfg, dims.dp_rank(ctx.rank), dims.dp)  # replica groups read their own slots
-    loader = build_dataloader(
-        cfg.training,
-        cfg.model.tokenizer_path,
-        tokenizer.fingerprint,
-        dp_rank=dp_rank,
-        dp_degree=dp_degree,
-        data=cfg.data,
-    )
+    if ctx.backend == LOCAL_BACKEND:  # every simulated rank's rows of one global batch (parallel/local_ranks.py)
+        loader = local_loader(cfg, dims, ctx.world_size, tokenizer.fingerprint)
+    else:
+        loader = build_dataloader(
+            cfg.training,
+            cfg.model.tokenizer_path,
+            tokenizer.fingerprint,
+            dp_rank=dp_rank,
+            dp_degree=dp_degree,
+            data=cfg.data,
+        )
 
     model_parts, pipeline = build_model_parts(cfg, ctx, dims, mesh, model_args)
     optimizer = build_optimizer(model_parts, cfg.optimizer)
