@@ -28,8 +28,13 @@ def refusal(cfg: JobConfig, dims: Degrees) -> str:
     checks = [
         (
             dims.pp > 1,
-            "pipeline parallel sends activations rank to rank with point-to-point ops, which local tensors "
-            "carry only in LocalRunnerMode's one-thread-per-rank runner, not in one SPMD program",
+            "pipeline parallel sends activations stage to stage with point-to-point ops, which local tensors carry "
+            "only in LocalRunnerMode's one-thread-per-rank runner, not in one SPMD program",
+        ),
+        (
+            dims.cp > 1,
+            "context parallel's attention picks its key/value blocks by the cp rank in Python (a different slice per "
+            "rank), and torch 2.13 cannot slice a tensor by a per-rank index",
         ),
         (cfg.compile.enable, "torch.compile does not trace local tensors (set compile.enable = false)"),
         (cfg.quantize.dense.float8.enable, "Float8's tensor subclass does not nest inside local tensors"),
