@@ -42,6 +42,7 @@ LAYOUTS = {  # name: (ranks, shape, overrides); the global batch is GLOBAL_BATCH
     "tp 2": (2, SHAPE, ["--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2"]),
     "fsdp 2": (2, SHAPE, ["--training.local_batch_size", "4"]),
     "fsdp 2 x tp 2": (4, SHAPE, ["--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2"]),
+    "cp 2": (2, SHAPE, ["--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2"]),
     "ep 2": (2, MOE, ["--training.local_batch_size", "4", "--parallelism.expert_parallel_degree", "2"]),
 }
 
@@ -54,9 +55,12 @@ def test_local_ranks_match_one_process(layout: str) -> None:
 
 
 REFUSED = {
-    "pp 2": (["--parallelism.pipeline_parallel_degree", "2"], "pipeline parallel sends activations"),
-    "cp 2": (["--parallelism.context_parallel_degree", "2"], "context parallel's attention picks"),
-    "compile": (["--compile.enable"], "torch.compile"),
+    "pp 2": (["--parallelism.pipeline_parallel_degree", "2"], "pipeline parallel builds a different model part"),
+    "cp ring": (
+        ["--parallelism.context_parallel_degree", "2", "--parallelism.context_parallel_impl", "ring"],
+        "context parallel's ring",
+    ),
+    "compile": (["--compile.enable"], "inductor's compiled code reads"),
 }
 
 

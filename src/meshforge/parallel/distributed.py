@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed._local_tensor import local_tensor_mode
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import _redistribute
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
@@ -55,8 +56,8 @@ def init_distributed(requested_device: str, init_timeout_s: int, cpu_offload: bo
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(requested_device, local_rank)
-    if dist.is_initialized() and dist.get_backend() == "fake":  # --local-ranks: every rank in this process
-        return DistContext(0, dist.get_world_size(), 0, device, LOCAL_BACKEND)
+    if dist.is_initialized() and dist.get_backend() == "fake" and local_tensor_mode() is not None:
+        return DistContext(0, dist.get_world_size(), 0, device, LOCAL_BACKEND)  # --local-ranks: all in this process
     if world_size == 1:
         return DistContext(0, 1, 0, device, None)
     # MESHFORGE_CUDA_BACKEND=gloo: CUDA tensors over gloo, where NCCL refuses (several ranks on one GPU: the GPU check)

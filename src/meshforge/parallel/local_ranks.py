@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from typing import Any, cast
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from meshforge.config.schema import JobConfig
-from meshforge.data.loader import PackedDataLoader
 from meshforge.errors import ConfigError
 from meshforge.parallel.degrees import Degrees, degrees_from_config
-from meshforge.parallel.dims import ParallelDims
+
+if TYPE_CHECKING:  # context_parallel imports this module (each_rank), and dims imports context_parallel
+    from meshforge.config.schema import JobConfig
+
+R = TypeVar("R")
 
 
 def refusal(cfg: JobConfig, dims: Degrees) -> str:
@@ -28,23 +30,28 @@ def refusal(cfg: JobConfig, dims: Degrees) -> str:
     checks = [
         (
             dims.pp > 1,
-            "pipeline parallel sends activations stage to stage with point-to-point ops, which local tensors carry "
-            "only in LocalRunnerMode's one-thread-per-rank runner, not in one SPMD program",
+            "pipeline parallel builds a different model part on each rank and passes activations by point-to-point "
+            "ops: one SPMD program holds one model (torch's LocalRunnerMode, a thread per rank, is what runs that)",
         ),
         (
-            dims.cp > 1,
-            "context parallel's attention picks its key/value blocks by the cp rank in Python (a different slice per "
-            "rank), and torch 2.13 cannot slice a tensor by a per-rank index",
+            dims.cp > 1 and cfg.parallelism.context_parallel_impl == "ring",
+            "context parallel's ring passes K/V rank to rank by point-to-point ops; use "
+            "parallelism.context_parallel_impl = 'allgather'",
         ),
-        (cfg.compile.enable, "torch.compile does not trace local tensors (set compile.enable = false)"),
-        (cfg.quantize.dense.float8.enable, "Float8's tensor subclass does not nest inside local tensors"),
-        (cfg.training.enable_cpu_offload, "CPU offload moves FSDP2's shards by storage, which local tensors lack"),
+        (
+            cfg.compile.enable,
+            "inductor's compiled code reads tensors' data pointers, and a local tensor has none (torch 2.13: "
+            "'Cannot access data pointer of Tensor'); set compile.enable = false",
+        ),
         (
             cfg.checkpoint.enable or bool(cfg.checkpoint.initial_load_path) or cfg.checkpoint.create_seed_checkpoint,
-            "a distributed checkpoint writes one file per process rank; local ranks have one process",
+            "a distributed checkpoint writes each rank's shards from that rank's process",
         ),
         (cfg.fault_tolerance.enable, "fault tolerance's replica groups are separate processes"),
-        (cfg.validation.enable, "validation is not wired for local ranks (set validation.enable = false)"),
+        (
+            cfg.validation.enable,
+            "validation's loader is built for one rank's rows, not yet for every simulated rank's",
+        ),
     ]
     return next((why for refused, why in checks if refused), "")
 
@@ -71,6 +78,51 @@ def local_world(cfg: JobConfig) -> Iterator[None]:
     finally:
         dist.destroy_process_group()
         clear_dtensor_caches()
+
+
+class RankValues(dict[int, Any]):
+    """Each simulated rank's value of something that is not a tensor (``each_rank``'s results)."""
+
+
+def _value_on(rank: int, value: Any) -> Any:
+    from torch.distributed._local_tensor import LocalIntNode, LocalTensor
+
+    if isinstance(value, LocalTensor):
+        return value._local_tensors[rank]
+    if isinstance(value, torch.SymInt) and isinstance(value.node, LocalIntNode):
+        return value.node._local_ints[rank]
+    return value[rank] if isinstance(value, RankValues) else value
+
+
+def each_rank(fn: Callable[..., R]) -> Callable[..., R]:
+    """``fn`` unchanged, except under local ranks: there it runs once per simulated rank, on that rank's values of
+    its arguments (a local tensor's shard, a per-rank int, a RankValues entry, in nested lists and tuples too), and
+    its results are put back together item by item: tensors as local tensors, anything else as RankValues. For rank-
+    dependent code with no collective inside (context parallel's block choice: a different slice on each rank)."""
+    import functools
+
+    from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode
+    from torch.utils._pytree import tree_map
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        mode = enabled_local_tensor_mode()
+        if mode is None:
+            return fn(*args)
+        with mode.disable():
+            results: dict[int, Any] = {
+                r: fn(*tree_map(functools.partial(_value_on, r), args)) for r in sorted(mode.ranks)
+            }
+            single = not isinstance(next(iter(results.values())), tuple)
+            rows: dict[int, tuple[Any, ...]] = {r: (res,) if single else tuple(res) for r, res in results.items()}
+            joined = []
+            for i, item in enumerate(rows[min(rows)]):
+                per_rank = {r: row[i] for r, row in rows.items()}
+                tensor = isinstance(item, torch.Tensor)
+                joined.append(LocalTensor(per_rank) if tensor else RankValues(per_rank))  # type: ignore[arg-type]
+        return joined[0] if single else tuple(joined)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def rank_zero(tensor: torch.Tensor) -> torch.Tensor:
@@ -120,47 +172,3 @@ def fsdp_storage_per_rank() -> Iterator[None]:
         yield
     finally:
         _fsdp_param.alloc_storage, _fsdp_param.free_storage, _fsdp_param_group.alloc_storage = saved
-
-
-class LocalBatches:
-    """The data loader of every simulated rank at once: one loader reads the global batch (the same samples, in the
-    same order, as the data-parallel ranks' loaders together: data/loader.py) and each rank gets its rows, so
-    ``next_batch`` returns local tensors whose rank r value is what rank r would read."""
-
-    def __init__(self, loader: PackedDataLoader, dp_rank_of: list[int]) -> None:
-        self.loader, self.dp_rank_of = loader, dp_rank_of
-        self.rows = loader.local_batch_size // (max(dp_rank_of) + 1)  # each data-parallel rank's batch
-
-    def _per_rank(self, batch: torch.Tensor) -> torch.Tensor:
-        from torch.distributed._local_tensor import rank_map
-
-        rows = self.rows
-        return rank_map(lambda r: batch[self.dp_rank_of[r] * rows : (self.dp_rank_of[r] + 1) * rows].clone())
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, labels = self.loader.next_batch()
-        return self._per_rank(inputs), self._per_rank(labels)
-
-    def positions(self) -> torch.Tensor:
-        return self._per_rank(self.loader.positions())
-
-    def __getattr__(self, name: str) -> Any:  # state_dict, global_position, ...: the global loader's
-        return getattr(self.loader, name)
-
-
-def build_local_loader(cfg: JobConfig, dims: ParallelDims, world_size: int, fingerprint: str) -> PackedDataLoader:
-    """LocalBatches over one loader of the global batch (dp x training.local_batch_size sequences), typed as the
-    loader it stands for."""
-    from meshforge.data.loader import build_dataloader
-
-    batch = dims.dp * cfg.training.local_batch_size
-    loader = build_dataloader(
-        cfg.training,
-        cfg.model.tokenizer_path,
-        fingerprint,
-        dp_rank=0,
-        dp_degree=1,
-        local_batch_size=batch,
-        data=cfg.data,
-    )
-    return cast(PackedDataLoader, LocalBatches(loader, [dims.dp_rank(r) for r in range(world_size)]))

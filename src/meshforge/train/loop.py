@@ -46,12 +46,12 @@ from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import LOCAL_BACKEND, DistContext, init_distributed, set_timeouts
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales, resolve_emulation
 from meshforge.parallel.gradient_sync import keep_gathered, once_per_step, set_micro_step
-from meshforge.parallel.local_ranks import build_local_loader as local_loader
 from meshforge.parallel.parallelize import parallelize
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
 from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, saved_global_batch
 from meshforge.train.fault_tolerance import FaultTolerance, data_shard
 from meshforge.train.fault_tolerance import build as build_fault_tolerance
+from meshforge.train.local_data import build_local_loader as local_loader
 from meshforge.train.moe_balance import balance_experts
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_, step_unless
 from meshforge.train.regather import auto_keep
@@ -112,7 +112,7 @@ def setup(cfg: JobConfig) -> TrainState:
     )
     mesh = dims.build_mesh(ctx.device.type)
     dp_rank, dp_degree = data_shard(cfg, dims.dp_rank(ctx.rank), dims.dp)  # replica groups read their own slots
-    if ctx.backend == LOCAL_BACKEND:  # every simulated rank's rows of one global batch (parallel/local_ranks.py)
+    if ctx.backend == LOCAL_BACKEND:  # every simulated rank's rows of one global batch (train/local_data.py)
         loader = local_loader(cfg, dims, ctx.world_size, tokenizer.fingerprint)
     else:
         loader = build_dataloader(
