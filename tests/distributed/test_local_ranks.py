@@ -73,3 +73,22 @@ def test_what_local_tensors_cannot_run_is_refused_in_one_line(case: str, capsys:
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and reason in err and "--nproc 2" in err, err
+
+
+NO_LOCAL_TENSORS = """
+import sys
+import torch.distributed.tensor  # torch 2.13's DTensor imports local tensors itself: hide them from meshforge only
+sys.modules["torch.distributed._local_tensor"] = None  # a torch without local tensors (the GPU image's may be older)
+import meshforge.model.llama, meshforge.parallel.context_parallel, meshforge.train.loop  # noqa: E401, F401
+from meshforge.cli import main
+sys.exit(main(["train", "--local-ranks", "2", "--parallelism.tensor_parallel_degree", "2"]))
+"""
+
+
+def test_a_torch_without_local_tensors_runs_the_rest_and_refuses_local_ranks_in_one_line() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", NO_LOCAL_TENSORS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "needs torch's local tensors" in done.stderr, done.stderr

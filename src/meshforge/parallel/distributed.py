@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed._local_tensor import local_tensor_mode
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import _redistribute
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
@@ -56,7 +55,7 @@ def init_distributed(requested_device: str, init_timeout_s: int, cpu_offload: bo
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(requested_device, local_rank)
-    if dist.is_initialized() and dist.get_backend() == "fake" and local_tensor_mode() is not None:
+    if dist.is_initialized() and dist.get_backend() == "fake" and in_local_world():
         return DistContext(0, dist.get_world_size(), 0, device, LOCAL_BACKEND)  # --local-ranks: all in this process
     if world_size == 1:
         return DistContext(0, 1, 0, device, None)
@@ -68,6 +67,15 @@ def init_distributed(requested_device: str, init_timeout_s: int, cpu_offload: bo
         backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=init_timeout_s)
     )
     return DistContext(rank, world_size, local_rank, device, backend)
+
+
+def in_local_world() -> bool:
+    """Whether torch's local-tensor mode is on (``--local-ranks``, parallel/local_ranks.py)."""
+    try:
+        from torch.distributed._local_tensor import local_tensor_mode
+    except ImportError:  # a torch without local tensors
+        return False
+    return local_tensor_mode() is not None
 
 
 def set_timeouts(mesh: DeviceMesh | None, seconds: int) -> None:

@@ -61,11 +61,16 @@ def local_world(cfg: JobConfig) -> Iterator[None]:
     """The job's ``parallelism.local_ranks`` ranks simulated in this process: a ``fake`` default process group (rank
     0 of N, no traffic) under torch's LocalTensorMode, both torn down on exit with DTensor's caches of the meshes.
     ConfigError (one line) first when the layout does not fit N ranks or uses what local tensors cannot run."""
-    from torch.distributed._local_tensor import LocalTensorMode
-
     from meshforge.parallel.distributed import clear_dtensor_caches
 
     ranks = cfg.parallelism.local_ranks
+    try:
+        from torch.distributed._local_tensor import LocalTensorMode
+    except ImportError as exc:
+        raise ConfigError(
+            f"--local-ranks {ranks} needs torch's local tensors (torch.distributed._local_tensor, torch 2.13), which "
+            f"torch {torch.__version__} lacks ({exc}); run the layout with --nproc {ranks}"
+        ) from None
     if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError(f"--local-ranks {ranks} runs every rank in one process: start it without torchrun or --nproc")
     dims = degrees_from_config(cfg.parallelism, ranks)  # ConfigError when the degrees do not multiply to N
@@ -101,8 +106,12 @@ def each_rank(fn: Callable[..., R]) -> Callable[..., R]:
     dependent code with no collective inside (context parallel's block choice: a different slice on each rank)."""
     import functools
 
-    from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode
     from torch.utils._pytree import tree_map
+
+    try:
+        from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode
+    except ImportError:  # a torch without local tensors: --local-ranks is refused, fn runs as it is
+        return fn
 
     @functools.wraps(fn)
     def wrapper(*args: Any) -> Any:
