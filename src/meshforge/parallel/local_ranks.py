@@ -31,7 +31,8 @@ def refusal(cfg: JobConfig, dims: Degrees) -> str:
         (
             dims.pp > 1,
             "pipeline parallel builds a different model part on each rank and passes activations by point-to-point "
-            "ops: one SPMD program holds one model (torch's LocalRunnerMode, a thread per rank, is what runs that)",
+            "ops: one SPMD program holds one model, and torch's LocalRunnerMode (a thread per stage) carries "
+            "send / recv but no collective across its threads (the pp-axis gradient norm)",
         ),
         (
             dims.cp > 1 and cfg.parallelism.context_parallel_impl == "ring",
