@@ -24,7 +24,7 @@ from meshforge.model.moe import MoE
 
 try:  # torch's local tensors (meshforge train --local-ranks); a torch without them runs everything else
     from torch.distributed._local_tensor import maybe_disable_local_tensor_mode as one_draw
-except ImportError:  # pragma: no cover - torch < 2.13 in the GPU image
+except ImportError:  # pragma: no cover - a torch without local tensors
     one_draw = contextlib.nullcontext  # type: ignore[assignment]
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
