@@ -215,8 +215,15 @@ class Parallelism:
     expert_parallel_degree: int = 1
     """Ranks that split each MoE layer's routed experts (tokens travel by all-to-all); borrowed from the
     data_parallel_shard x context ranks, the rest shard the experts with FSDP."""
+    local_ranks: int = 0
+    """Run this many ranks inside one process with torch's local tensors (meshforge train --local-ranks N): every
+    rank's shard is a real tensor, collectives are computed locally; 0 = off (docs/parallelism.md)."""
 
     def validate(self) -> None:
+        if self.local_ranks < 0 or self.local_ranks == 1:
+            raise ConfigError(
+                f"parallelism.local_ranks = {self.local_ranks} must be 0 (off) or >= 2 (ranks simulated in one process)"
+            )
         for key in (
             "data_parallel_replicate_degree",
             "context_parallel_degree",

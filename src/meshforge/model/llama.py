@@ -8,6 +8,7 @@ as a single process (see ``init_weights``). Modules may be ``None`` (pipeline st
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 
@@ -20,6 +21,11 @@ from meshforge.model.document_mask import DocumentMask, build_document_mask, mas
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.loss import chunked_cross_entropy
 from meshforge.model.moe import MoE
+
+try:  # torch's local tensors (meshforge train --local-ranks); a torch without them runs everything else
+    from torch.distributed._local_tensor import maybe_disable_local_tensor_mode as one_draw
+except ImportError:  # pragma: no cover - a torch without local tensors
+    one_draw = contextlib.nullcontext  # type: ignore[assignment]
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 
@@ -211,7 +217,8 @@ class Transformer(nn.Module):
                 module.init_buffers()
         for name, param in self.named_parameters():
             fqn = canonical_name(name)
-            full = initial_value(fqn, tuple(param.shape), self.args, seed, param.device)
+            with one_draw():  # --local-ranks: one draw of the seeded generator, not one per simulated rank
+                full = initial_value(fqn, tuple(param.shape), self.args, seed, param.device)
             copy_into(param, full)
 
 

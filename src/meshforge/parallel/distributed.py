@@ -15,6 +15,8 @@ from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
 from meshforge.errors import ConfigError
 
+LOCAL_BACKEND = "local tensors"  # DistContext.backend of --local-ranks (parallel/local_ranks.py)
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -53,6 +55,8 @@ def init_distributed(requested_device: str, init_timeout_s: int, cpu_offload: bo
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(requested_device, local_rank)
+    if dist.is_initialized() and dist.get_backend() == "fake" and in_local_world():
+        return DistContext(0, dist.get_world_size(), 0, device, LOCAL_BACKEND)  # --local-ranks: all in this process
     if world_size == 1:
         return DistContext(0, 1, 0, device, None)
     # MESHFORGE_CUDA_BACKEND=gloo: CUDA tensors over gloo, where NCCL refuses (several ranks on one GPU: the GPU check)
@@ -65,9 +69,18 @@ def init_distributed(requested_device: str, init_timeout_s: int, cpu_offload: bo
     return DistContext(rank, world_size, local_rank, device, backend)
 
 
+def in_local_world() -> bool:
+    """Whether torch's local-tensor mode is on (``--local-ranks``, parallel/local_ranks.py)."""
+    try:
+        from torch.distributed._local_tensor import local_tensor_mode
+    except ImportError:  # a torch without local tensors
+        return False
+    return local_tensor_mode() is not None
+
+
 def set_timeouts(mesh: DeviceMesh | None, seconds: int) -> None:
     """Shorten every group's collective timeout after start-up: a rank that waits longer raises instead of hanging."""
-    if not dist.is_initialized():
+    if not dist.is_initialized() or dist.get_backend() == "fake":  # --local-ranks: no traffic to time out
         return
     from torch.distributed.distributed_c10d import _set_pg_timeout
 

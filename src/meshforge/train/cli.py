@@ -14,6 +14,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="meshforge train", description=__doc__)
     parser.add_argument("--config", default=None, help="a TOML file (configs/*.toml)")
     parser.add_argument("--nproc", type=int, default=0, help="start torchrun with this many local processes")
+    parser.add_argument("--local-ranks", type=int, default=0, help="run N ranks in this one process (local tensors)")
     parser.add_argument("--dry-run", action="store_true", help="validate and describe the layout without devices")
     parser.add_argument("--world-size", type=int, default=0, help="world size for --dry-run")
     parser.add_argument("--memory", action="store_true", help="--dry-run: exact peak memory of a fake-tensor step")
@@ -54,6 +55,8 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     args, overrides = parse(argv)
+    if args.local_ranks:  # the flag is parallelism.local_ranks (validated with the config)
+        overrides = [*overrides, "--parallelism.local_ranks", str(args.local_ranks)]
     cfg = load_config(args.config, overrides)  # config errors surface before any process starts
     if args.nproc < 0:
         raise ConfigError(f"--nproc {args.nproc} must be >= 1")
@@ -74,6 +77,8 @@ def main(argv: list[str]) -> int:
         from meshforge.train.ft_cli import launch_local_replicas
 
         return launch_local_replicas(cfg, args.nproc, argv)  # a Lighthouse + R groups (train/ft_cli.py)
+    if cfg.parallelism.local_ranks:
+        return run_local_ranks(cfg, args.nproc)
     if args.nproc:
         from meshforge.train.preflight import preflight
 
@@ -92,6 +97,25 @@ def check_layout(cfg: JobConfig, world_size: int) -> None:
     args = resolve_model_args(cfg.model, cfg.training.seq_len)
     dims.validate_model(args, cfg.training.seq_len)
     check_trainable(args, dims.pp)
+
+
+def run_local_ranks(cfg: JobConfig, nproc: int) -> int:
+    """--local-ranks N: the job's N ranks in this one process (parallel/local_ranks.py); user mistakes are one line
+    (the caller prints ConfigError), a diverged run ends with one line and exit 4."""
+    from meshforge.parallel.local_ranks import local_world
+    from meshforge.train.divergence import EXIT_CODE, TrainingDiverged
+    from meshforge.train.loop import train
+
+    if nproc:
+        raise ConfigError(f"--local-ranks {cfg.parallelism.local_ranks} runs every rank in this process: drop --nproc")
+    check_layout(cfg, cfg.parallelism.local_ranks)
+    with local_world(cfg):
+        try:
+            train(cfg)
+        except TrainingDiverged as exc:
+            print(f"meshforge train: error: {exc}", file=sys.stderr, flush=True)
+            return EXIT_CODE
+    return 0
 
 
 def run(cfg: JobConfig) -> int:

@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from meshforge.parallel.local_ranks import rank_zero
+
 EXIT_CODE = 4  # distinct from 1 (a crash), 2 (a configuration mistake) and 3 (a collective failure)
 
 
@@ -48,7 +50,7 @@ class NonFiniteGuard:
             return
         steps = [s for s, _, _ in self.pending]
         norms = torch.stack([n.double() for _, n, _ in self.pending]).tolist()
-        losses = torch.stack([loss.double() for _, _, loss in self.pending]).tolist()
+        losses = torch.stack([rank_zero(loss).double() for _, _, loss in self.pending]).tolist()  # --local-ranks
         self.pending = []
         for step, norm, local in zip(steps, norms, losses, strict=True):
             if math.isfinite(norm):

@@ -43,7 +43,7 @@ from meshforge.parallel.composability import job_features
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.cpu_offload import banner, check_cpu_offload, materialize
 from meshforge.parallel.dims import ParallelDims, sub_mesh
-from meshforge.parallel.distributed import DistContext, init_distributed, set_timeouts
+from meshforge.parallel.distributed import LOCAL_BACKEND, DistContext, init_distributed, set_timeouts
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales, resolve_emulation
 from meshforge.parallel.gradient_sync import keep_gathered, once_per_step, set_micro_step
 from meshforge.parallel.parallelize import parallelize
@@ -51,6 +51,7 @@ from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
 from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, saved_global_batch
 from meshforge.train.fault_tolerance import FaultTolerance, data_shard
 from meshforge.train.fault_tolerance import build as build_fault_tolerance
+from meshforge.train.local_data import build_local_loader as local_loader
 from meshforge.train.moe_balance import balance_experts
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_, step_unless
 from meshforge.train.regather import auto_keep
@@ -111,14 +112,17 @@ def setup(cfg: JobConfig) -> TrainState:
     )
     mesh = dims.build_mesh(ctx.device.type)
     dp_rank, dp_degree = data_shard(cfg, dims.dp_rank(ctx.rank), dims.dp)  # replica groups read their own slots
-    loader = build_dataloader(
-        cfg.training,
-        cfg.model.tokenizer_path,
-        tokenizer.fingerprint,
-        dp_rank=dp_rank,
-        dp_degree=dp_degree,
-        data=cfg.data,
-    )
+    if ctx.backend == LOCAL_BACKEND:  # every simulated rank's rows of one global batch (train/local_data.py)
+        loader = local_loader(cfg, dims, ctx.world_size, tokenizer.fingerprint)
+    else:
+        loader = build_dataloader(
+            cfg.training,
+            cfg.model.tokenizer_path,
+            tokenizer.fingerprint,
+            dp_rank=dp_rank,
+            dp_degree=dp_degree,
+            data=cfg.data,
+        )
 
     model_parts, pipeline = build_model_parts(cfg, ctx, dims, mesh, model_args)
     optimizer = build_optimizer(model_parts, cfg.optimizer)

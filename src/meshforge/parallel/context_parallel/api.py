@@ -4,6 +4,8 @@ layout (positions, chunk order), the attention core that all-gathers K/V over th
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.distributed import _functional_collectives as funcol
@@ -12,6 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from meshforge.config.io import ConfigError
 from meshforge.parallel.context_parallel.blocks import Block, attend, attend_backward, kernel_for
 from meshforge.parallel.context_parallel.ring import RingAttention
+from meshforge.parallel.local_ranks import each_rank
 
 IMPLS = ("allgather", "ring")
 
@@ -44,6 +47,7 @@ def check_cp_impl(impl: str, device_type: str, *, compile_enabled: bool) -> None
         )
 
 
+@each_rank
 def load_balanced_positions(seq_len: int, cp: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
     """Global positions of the tokens cp rank ``rank`` holds: chunks ``rank`` and ``2cp - 1 - rank`` of ``2cp``."""
     chunk = seq_len // (2 * cp)
@@ -68,6 +72,46 @@ def _prefix_ranges(chunk: int, size: int) -> list[tuple[int, int, bool]]:
     return [*ranges, (chunk * size, (chunk + 1) * size, True)]
 
 
+@each_rank  # one slice per cp rank: under --local-ranks, once per simulated rank (parallel/local_ranks.py)
+def _gathered_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, cp: int
+) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
+    """(out, fp32 lse, each chunk's aux) of this rank's query chunks against the global-order K/V."""
+    # q: (batch, heads, 2 x chunk, head_dim), chunks (rank, 2cp-1-rank); k, v: (batch, kv_heads, seq, head_dim)
+    kernel, size = kernel_for(q.device, q.dtype), q.shape[2] // 2
+    outs, lses, auxes = [], [], []
+    for i, chunk in enumerate(chunk_ids(rank, cp)):
+        ranges = _prefix_ranges(chunk, size)
+        blocks = [Block(k[:, :, a:b], v[:, :, a:b], causal) for a, b, causal in ranges]
+        out, lse, aux = attend(kernel, q[:, :, i * size : (i + 1) * size], blocks)
+        outs.append(out)
+        lses.append(lse)
+        auxes.append(aux)
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2), auxes
+
+
+@each_rank
+def _gathered_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    auxes: list[Any], rank: int, cp: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) of ``_gathered_forward``."""
+    kernel, size, dout = kernel_for(q.device, q.dtype), q.shape[2] // 2, dout.contiguous()
+    dq, dk, dv = [], torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)
+    for i, chunk in enumerate(chunk_ids(rank, cp)):
+        rows = slice(i * size, (i + 1) * size)
+        ranges = _prefix_ranges(chunk, size)
+        blocks = [Block(k[:, :, a:b], v[:, :, a:b], causal) for a, b, causal in ranges]
+        chunk_dq, dkv = attend_backward(
+            kernel, dout[:, :, rows], q[:, :, rows], blocks, out[:, :, rows], lse[:, :, rows].contiguous(), auxes[i]
+        )
+        dq.append(chunk_dq)
+        for (a, b, _), (block_dk, block_dv) in zip(ranges, dkv, strict=True):
+            dk[:, :, a:b] += block_dk
+            dv[:, :, a:b] += block_dv
+    return torch.cat(dq, dim=2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 class _GatheredKVAttention(torch.autograd.Function):
     """Local query chunks against the whole (gathered, global-order) K/V, merged by LSE; exact backward."""
 
@@ -75,39 +119,17 @@ class _GatheredKVAttention(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, cp: int
     ) -> torch.Tensor:
-        # q: (batch, heads, 2 x chunk, head_dim), chunks (rank, 2cp-1-rank); k, v: (batch, kv_heads, seq, head_dim)
-        kernel, size = kernel_for(q.device, q.dtype), q.shape[2] // 2
-        outs, lses, auxes = [], [], []
-        for i, chunk in enumerate(chunk_ids(rank, cp)):
-            ranges = _prefix_ranges(chunk, size)
-            blocks = [Block(k[:, :, a:b], v[:, :, a:b], causal) for a, b, causal in ranges]
-            out, lse, aux = attend(kernel, q[:, :, i * size : (i + 1) * size], blocks)
-            outs.append(out)
-            lses.append(lse)
-            auxes.append(aux)
-        out = torch.cat(outs, dim=2)
-        ctx.save_for_backward(q, k, v, out, torch.cat(lses, dim=2))
+        out, lse, auxes = _gathered_forward(q, k, v, rank, cp)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.auxes, ctx.rank, ctx.cp = auxes, rank, cp  # type: ignore[attr-defined]
         return out
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
-        kernel, size, dout = kernel_for(q.device, q.dtype), q.shape[2] // 2, dout.contiguous()
-        dq, dk, dv = [], torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)
-        for i, chunk in enumerate(chunk_ids(ctx.rank, ctx.cp)):  # type: ignore[attr-defined]
-            rows = slice(i * size, (i + 1) * size)
-            ranges = _prefix_ranges(chunk, size)
-            blocks = [Block(k[:, :, a:b], v[:, :, a:b], causal) for a, b, causal in ranges]
-            chunk_dq, dkv = attend_backward(
-                kernel, dout[:, :, rows], q[:, :, rows], blocks, out[:, :, rows], lse[:, :, rows].contiguous(),
-                ctx.auxes[i],  # type: ignore[attr-defined]
-            )  # fmt: skip
-            dq.append(chunk_dq)
-            for (a, b, _), (block_dk, block_dv) in zip(ranges, dkv, strict=True):
-                dk[:, :, a:b] += block_dk
-                dv[:, :, a:b] += block_dv
-        return torch.cat(dq, dim=2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        args = ctx.auxes, ctx.rank, ctx.cp  # type: ignore[attr-defined]
+        dq, dk, dv = _gathered_backward(dout, q, k, v, out, lse, *args)
+        return dq, dk, dv, None, None
 
 
 class AllGatherKVAttention(nn.Module):
