@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshforge.threads import Worker
+
 HANG_EXIT_CODE = 3
 FLIGHT_RECORDER_ENTRIES = 2000
 RECENT_COLLECTIVES = 24
@@ -143,7 +145,7 @@ class HangGuard:
         self.store: dist.Store | None = None
         self.stop = threading.Event()
         self.lock = threading.Lock()  # the first path to report (main thread or watchdog) owns the exit
-        self.watchdog: threading.Thread | None = None
+        self.watchdog: Worker | None = None
 
     def __enter__(self) -> HangGuard:
         if dist.is_initialized():
@@ -152,7 +154,8 @@ class HangGuard:
             # one key space per torchrun attempt: a restarted job must not see the dead attempt's failure flag
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             self.store = dist.PrefixStore(f"meshforge/hang/{attempt}/", _get_default_store())
-            self.watchdog = threading.Thread(target=self._watch, name="meshforge-hang-watchdog", daemon=True)
+            what = f"rank {self.rank}'s hang watchdog"
+            self.watchdog = Worker(self._watch, name="meshforge-hang-watchdog", what=what)
             self.watchdog.start()
         return self
 
@@ -164,8 +167,12 @@ class HangGuard:
             assert exc is not None
             reason = f"rank {self.rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             self._report(reason, "".join(traceback.format_exception(exc)))
-        if self.watchdog is not None:
-            self.watchdog.join()
+        if self.watchdog is not None:  # one poll, or a report in progress (which ends the process)
+            bound = POLL_SECONDS + 2 * PEER_GRACE_SECONDS
+            if exc is None:  # its failure (a dead watchdog diagnosed nothing) as one line; never hides the loop's
+                self.watchdog.finish(bound)
+            else:
+                self.watchdog.join(bound)
 
     def _watch(self) -> None:
         assert self.store is not None
