@@ -89,7 +89,8 @@ def prepare_run(corpus: Path, out: Path, workers: int) -> dict[str, float]:
 def loader_speed(
     folder: Path, batches: int, max_open: int = 0, seq_len: int = 2048, batch: int = 8
 ) -> dict[str, float]:
-    """Tokens/s of the training loader alone (shuffled, document positions) and the open files at the end."""
+    """Tokens/s of the training loader alone (shuffled, document positions), the open files at the end and the peak
+    resident memory of this process (VmHWM, MiB)."""
     from meshforge.data.loader import PackedDataLoader
     from meshforge.data.shards import PreparedSplit
 
@@ -105,7 +106,13 @@ def loader_speed(
     seconds = time.perf_counter() - start
     shards = len(split.shard_names)
     fds = len(os.listdir("/proc/self/fd"))
-    return {"tokens_per_s": batches * batch * seq_len / seconds, "shards": shards, "open_fds": fds}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "tokens_per_s": batches * batch * seq_len / seconds,
+        "shards": shards,
+        "open_fds": fds,
+        "peak_rss_mib": peak,
+    }
 
 
 def verify_cost(folder: Path) -> dict[str, float]:
