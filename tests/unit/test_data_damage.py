@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshforge.data import integrity
+from meshforge.data import integrity, reader
 from meshforge.data.prepare import PrepareOptions, prepare
 from meshforge.data.shards import PreparedSplit
 from meshforge.data.tokenizer import REPO_ROOT
@@ -182,6 +182,7 @@ def test_files_removed_after_a_read_are_one_line(dataset: Path, suffix: str) -> 
     start = int(split.starts[2])
     split.read(start, 4), split.document_starts(start, 4)
     (dataset / f"train-00002{suffix}").unlink()
+    time.sleep(reader.PATH_CHECK_S)  # the open file keeps its bytes: the next stat of its path tells
     read = split.read if suffix == ".bin" else split.document_starts
     one_line(lambda: read(start, 4), f"train-00002{suffix} cannot be read (No such file or directory)")
     (dataset / "train-00004.bin").unlink()  # and one never read before
@@ -194,6 +195,7 @@ def test_bin_replaced_or_grown_after_a_read_is_one_line(dataset: Path) -> None:
     split.read(int(split.starts[0]), 4), split.read(int(split.starts[1]), 4)
     (dataset / "new.bin").write_bytes((dataset / "train-00000.bin").read_bytes())
     os.replace(dataset / "new.bin", dataset / "train-00000.bin")
+    time.sleep(reader.PATH_CHECK_S)  # the open file keeps its bytes: the next stat of its path tells
     one_line(lambda: split.read(0, 4), "train-00000.bin was replaced by another file")
     with open(dataset / "train-00001.bin", "ab") as f:
         f.write(b"\x00\x00")

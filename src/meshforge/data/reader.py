@@ -4,16 +4,19 @@ A memory map of a file that shrinks under it kills the process with SIGBUS (exit
 of a page past the new end, and numpy's ``.npy`` reader raises ``EOFError`` on an emptied file. So the reader maps
 nothing: a window of tokens is one ``os.pread`` on an open descriptor (a short read is a shorter file), and an
 ``.idx`` is read whole and checked (`integrity.read_index`). Each file's identity (inode, size, modification time) is
-taken when its bytes are checked (the reader thread's sha256, else its first open) and compared with a stat of its
-path before every read: a file truncated, emptied, rewritten in place, replaced (another ``data prepare`` into the
-folder) or removed since gives the one-line ConfigError naming it and ``meshforge data verify``. Cost: one stat per
-window (docs/benchmarks/data.md). Not seen: bytes rewritten in place at the same size within the file system's
-timestamp granularity (a few ms) of the check.
+taken when its bytes are checked (the reader thread's sha256, else its first open) and compared with the open
+file's fstat before every read and with its path's stat at most once a second (`PATH_CHECK_S`): a file truncated,
+emptied, rewritten in place, replaced (another ``data prepare`` into the folder) or removed since gives the one-line
+ConfigError naming it and ``meshforge data verify``. Cost: one fstat per window (docs/benchmarks/data.md). A file
+removed or renamed over is still read as it was checked (the open file keeps its bytes) until the next path check.
+Not seen: bytes rewritten in place at the same size within the file system's timestamp granularity (a few ms) of
+the check.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +29,10 @@ from meshforge.data.manifest import VERIFY_HINT
 from meshforge.errors import ConfigError
 
 V = TypeVar("V")
+PATH_CHECK_S = 1.0
+"""Seconds between two stats of a shard file's path (a file removed or renamed over); the open file is fstat'ed at
+every read (truncated, grown, rewritten in place). A stat costs 10-15 us here, one per window would be 5-10 % of the
+loader's time with 2,048-token shards (docs/benchmarks/data.md)."""
 
 
 class MapCache(Generic[V]):
@@ -69,6 +76,7 @@ class ShardFiles:
     ) -> None:
         self.folder, self.entries, self.dtype, self.checker = folder, entries, dtype, checker
         self.checked: dict[Path, Identity] = {}  # each file's identity when checked (or first opened)
+        self.path_checks: dict[Path, float] = {}  # when each path is stat'ed next (time.monotonic)
         self.descriptors: MapCache[tuple[Any, Path, Identity]] = MapCache(capacity, self._open_bin, _close)
         self.indexes: MapCache[tuple[np.ndarray, Path, Identity]] = MapCache(capacity, self._open_idx)
 
@@ -79,10 +87,11 @@ class ShardFiles:
     def tokens(self, i: int, lo: int, hi: int) -> np.ndarray:
         """Tokens [lo, hi) of shard i, in the file's dtype."""
         file, path, known = self.descriptors.get(i)
-        self._unchanged(i, path, known, self.descriptors)
+        fd = file.fileno()
+        self._unchanged(i, path, known, self.descriptors, fd)
         size = self.dtype.itemsize
         try:
-            data = os.pread(file.fileno(), (hi - lo) * size, lo * size)
+            data = os.pread(fd, (hi - lo) * size, lo * size)
         except OSError as error:
             raise self.damaged(f"{path} cannot be read ({error})") from None
         if len(data) != (hi - lo) * size:  # truncated between the stat and the read
@@ -138,13 +147,24 @@ class ShardFiles:
         self.checked.setdefault(path, now)
         return offsets, path, now
 
-    def _unchanged(self, i: int, path: Path, known: Identity, cache: MapCache[Any]) -> None:
-        """A one-line ConfigError when the file at path is no longer the one that was opened and checked."""
+    def _unchanged(self, i: int, path: Path, known: Identity, cache: MapCache[Any], fd: int | None = None) -> None:
+        """A one-line ConfigError when the file is no longer the one that was opened and checked: the open file's
+        fstat on every read (truncated, grown, rewritten in place), its path's stat at most every PATH_CHECK_S
+        (removed, or replaced by a rename)."""
         try:
-            now = identity(os.stat(path))
+            if fd is not None:
+                self._same(i, path, known, cache, identity(os.fstat(fd)))
+            clock = time.monotonic()
+            if clock >= self.path_checks.get(path, 0.0):
+                self._same(i, path, known, cache, identity(os.stat(path)))
+                self.path_checks[path] = clock + PATH_CHECK_S
+        except ConfigError:
+            raise
         except DAMAGE_ERRORS as error:
             cache.drop(i)
             raise self.damaged(f"{path} cannot be read ({_why(error)}): removed while the job read it") from None
+
+    def _same(self, i: int, path: Path, known: Identity, cache: MapCache[Any], now: Identity) -> None:
         if now != known:
             cache.drop(i)
             raise self.damaged(_changed(path, known, now))
