@@ -247,3 +247,13 @@ def test_a_stalled_check_ends_within_its_bound_naming_the_shard(dataset: Path, m
     assert split._checker is not None
     for thread in split._checker.threads:
         thread.join(10)  # no thread outlives the test
+
+
+def test_an_index_of_another_shard_is_refused_at_open(dataset: Path) -> None:
+    """The same number of documents but another end (a stale index of an equal-length shard): the cheap check at
+    open compares the last offset with the manifest's tokens, before any read."""
+    offsets = np.load(dataset / "train-00003.idx")
+    offsets[-1] += 7
+    with open(dataset / "train-00003.idx", "wb") as f:
+        np.save(f, offsets)
+    one_line(lambda: PreparedSplit(dataset, verify="sizes"), "train-00003.idx does not match train-00003.bin")
