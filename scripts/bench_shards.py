@@ -8,6 +8,7 @@ Usage (from the repository root, PYTHONPATH=src)::
     python scripts/bench_shards.py corpus /tmp/corpus --megabytes 200     # seeded: the same bytes every time
     RAYON_NUM_THREADS=1 python scripts/bench_shards.py prepare /tmp/corpus --work /tmp/prep --workers 1 2
     python scripts/bench_shards.py loader /tmp/prep/w1 --batches 400         # run once per code version, alternating
+    python scripts/bench_shards.py read /tmp/prep/w1 --max-open 512         # microseconds per read window
     python scripts/bench_shards.py verify /tmp/prep/w1
 
 The corpus is Austen's paragraphs drawn with a seeded generator into .jsonl files of about 64 MB; it is not shipped
@@ -89,7 +90,8 @@ def prepare_run(corpus: Path, out: Path, workers: int) -> dict[str, float]:
 def loader_speed(
     folder: Path, batches: int, max_open: int = 0, seq_len: int = 2048, batch: int = 8
 ) -> dict[str, float]:
-    """Tokens/s of the training loader alone (shuffled, document positions) and the open files at the end."""
+    """Tokens/s of the training loader alone (shuffled, document positions), the open files at the end and the peak
+    resident memory of this process (VmHWM, MiB)."""
     from meshforge.data.loader import PackedDataLoader
     from meshforge.data.shards import PreparedSplit
 
@@ -105,7 +107,34 @@ def loader_speed(
     seconds = time.perf_counter() - start
     shards = len(split.shard_names)
     fds = len(os.listdir("/proc/self/fd"))
-    return {"tokens_per_s": batches * batch * seq_len / seconds, "shards": shards, "open_fds": fds}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "tokens_per_s": batches * batch * seq_len / seconds,
+        "shards": shards,
+        "open_fds": fds,
+        "peak_rss_mib": peak,
+    }
+
+
+def read_cost(folder: Path, windows: int = 4000, max_open: int = 512, length: int = 2049) -> dict[str, float]:
+    """Microseconds per `PreparedSplit.read` and `document_starts` of random windows (after 500 warm-up windows)."""
+    import numpy as np
+
+    from meshforge.data.shards import PreparedSplit
+
+    split = PreparedSplit(folder, max_open_shards=max_open)
+    starts = np.random.default_rng(0).integers(0, split.num_tokens - length, size=windows)
+    for start in starts[:500]:
+        split.read(int(start), length), split.document_starts(int(start), length - 1)
+    began = time.perf_counter()
+    for start in starts:
+        split.read(int(start), length)
+    read = time.perf_counter() - began
+    began = time.perf_counter()
+    for start in starts:
+        split.document_starts(int(start), length - 1)
+    found = time.perf_counter() - began
+    return {"read_us": read / windows * 1e6, "document_starts_us": found / windows * 1e6}
 
 
 def verify_cost(folder: Path) -> dict[str, float]:
@@ -133,6 +162,9 @@ def main() -> None:
     lo.add_argument("folder", type=Path)
     lo.add_argument("--batches", type=int, default=400)
     lo.add_argument("--max-open", type=int, default=0, help="data.max_open_shards (0: the default; old code: none)")
+    r = commands.add_parser("read")
+    r.add_argument("folder", type=Path)
+    r.add_argument("--max-open", type=int, default=512)
     v = commands.add_parser("verify")
     v.add_argument("folder", type=Path)
     args = parser.parse_args()
@@ -147,6 +179,8 @@ def main() -> None:
             print(json.dumps({f"prepare_{workers}_workers": {k: round(x, 3) for k, x in r.items()}}), flush=True)
     elif args.command == "loader":
         print(json.dumps({k: round(x, 1) for k, x in loader_speed(args.folder, args.batches, args.max_open).items()}))
+    elif args.command == "read":
+        print(json.dumps({k: round(x, 1) for k, x in read_cost(args.folder, max_open=args.max_open).items()}))
     else:
         print(json.dumps({k: round(x, 3) for k, x in verify_cost(args.folder).items()}))
 

@@ -19,3 +19,15 @@ def optional_import(module: str, feature: str, install: str) -> Any:
         return importlib.import_module(module)
     except ImportError:  # also the `sys.modules[name] = None` of a test that hides the package
         raise ConfigError(f"{feature} needs the optional package {module.split('.')[0]}: {install}") from None
+
+
+class BackgroundError(RuntimeError):
+    """A worker off the main path (a reader thread, the checkpoint writer, a sampler, a watchdog) failed or did not
+    finish within its bound: one line naming the worker and what happened, raised to whoever waits on it (the worker's
+    own exception chained, so its traceback is kept for the bug report)."""
+
+    @classmethod
+    def of(cls, what: str, error: BaseException) -> BackgroundError:
+        """``"<what> failed: <type>: <first line of the error>"``."""
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return cls(f"{what} failed: {type(error).__name__}{': ' + text if text else ''}")

@@ -12,6 +12,7 @@ DOC = SRC.parents[1] / "docs" / "architecture.md"
 FLOORS = {
     "paths": -1,  # the ground (paths, errors): import nothing from meshforge, so every room may use them
     "errors": -1,
+    "threads": 0,  # background workers that never fail silently (uses errors)
     "device": 0,
     "model": 0,
     "config": 1,

@@ -17,7 +17,7 @@ import torch
 
 from meshforge.data import corpus
 from meshforge.data.prepare import PrepareOptions
-from meshforge.data.shards import MapCache
+from meshforge.data.reader import MapCache
 from meshforge.device import peak
 from meshforge.plan.accuracy import folds
 from meshforge.plan.accuracy.fit import Observation

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.bench.stats import NOISY_HALF_WIDTH
+from meshforge.threads import Worker
 
 CPUFREQ = Path("/sys/devices/system/cpu/cpu0/cpufreq")
 
@@ -107,13 +108,14 @@ def busy_cores(seconds: float = 1.0) -> float | None:
 
 
 class LoadSampler:
-    """Samples the 1-minute load average every ``interval_s`` in a daemon thread while the sweep runs."""
+    """Samples the 1-minute load average every ``interval_s`` in a daemon thread while the sweep runs; a failure of
+    the thread is raised (one line) when the sweep ends and by `summary`."""
 
     def __init__(self, interval_s: float = 5.0):
         self.interval_s = interval_s
         self.samples: list[float] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="bench-load-sampler", daemon=True)
+        self._thread = Worker(self._loop, name="bench-load-sampler", what="the bench's load sampler")
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -126,12 +128,16 @@ class LoadSampler:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=1.0)
+        if exc_type is None:  # one line if the sampler failed or does not stop; never hides the sweep's own error
+            self._thread.finish(timeout=self.interval_s + 1.0)
+        else:
+            self._thread.join(timeout=1.0)
 
     def summary(self) -> dict[str, Any]:
-        """min / median / max of the samples so far, and their count."""
+        """min / median / max of the samples so far, and their count (one line if the sampler failed)."""
+        self._thread.check()
         values = sorted(self.samples)
         if not values:
             return {"samples": 0}

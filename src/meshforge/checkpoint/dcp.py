@@ -35,6 +35,7 @@ from meshforge.config.io import check_writable
 from meshforge.config.schema import Checkpoint
 from meshforge.device.dtypes import DTYPES
 from meshforge.errors import ConfigError
+from meshforge.threads import result
 
 __all__ = ["FLAT", "Checkpointer", "flat_shapes", "model_view"]
 
@@ -83,6 +84,7 @@ class Checkpointer:
             self.stager = DefaultStager(StagingOptions(pinned, False, False, pinned))
             self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshforge-checkpoint")
         self.pending: Future[None] | None = None
+        self.pending_step = 0
         # rank 0 deletes old checkpoints in its own thread: removing terabytes can outlast the collective timeout
         # the other ranks are already waiting under; nothing waits for it but close()
         self.pruner: ThreadPoolExecutor | None = None
@@ -137,7 +139,7 @@ class Checkpointer:
             self._write(state_dict, folder, step, meta)
         else:
             staged = self.stager.stage(state_dict)
-            self.pending = self.executor.submit(self._write, staged, folder, step, meta)
+            self.pending, self.pending_step = self.executor.submit(self._write, staged, folder, step, meta), step
 
     def _write(self, state_dict: dict[str, Any], folder: Path, step: int, meta: dict[str, Any]) -> None:
         start = time.perf_counter()
@@ -164,10 +166,14 @@ class Checkpointer:
         self.pruning = self.pruner.submit(prune)
 
     def wait(self) -> None:
-        """Block until the background save (if any) is committed; re-raises its error."""
+        """Block until the background save (if any) is committed; its error, or a finished deletion's, re-raised as
+        one line naming the step (threads.result)."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            pending.result()
+            result(pending, f"the background checkpoint save of step {self.pending_step} (rank {self.rank})")
+        if self.pruning is not None and self.pruning.done():  # a failed deletion is reported at the next save
+            pruning, self.pruning = self.pruning, None
+            result(pruning, f"the deletion of old checkpoints in {self.folder} (rank 0's pruning thread)")
 
     def close(self) -> None:
         """Finish the last background save and deletion and release the stager and threads."""
@@ -175,8 +181,8 @@ class Checkpointer:
         if self.pruner is not None:
             self.pruner.shutdown()  # waits for the queued deletions
             self.pruner = None
-            if self.pruning is not None:
-                self.pruning.result()  # re-raises a failed deletion
+            if self.pruning is not None:  # a failed deletion re-raised as one line
+                result(self.pruning, f"the deletion of old checkpoints in {self.folder} (rank 0's pruning thread)")
         if self.executor is not None:
             self.executor.shutdown()
             self.stager.close()

@@ -1,7 +1,7 @@
 """Pre-training batches: packed samples of one or several token streams, in a global order that reshards.
 
 Packing is concat-then-split: every document is ``bos + tokens + eos`` in one token stream (a prepared dataset's
-memory-mapped shards, `shards.PreparedSplit`, or an in-memory array), and sample ``i`` of a stream is the window
+shards read by window, `shards.PreparedSplit`, or an in-memory array), and sample ``i`` of a stream is the window
 ``tokens[i*seq_len : i*seq_len + seq_len + 1]`` (inputs = the first ``seq_len`` tokens, labels = the same window shifted
 by one). Global position p of the run names one sample: a mixture gives p to a stream (`order.mixture_assign`), and the
 stream's running index k is sample ``feistel_permute(k mod n, n, key(seed, epoch, stream))`` of epoch ``k // n``; no
@@ -245,7 +245,7 @@ class PackedDataLoader:
 def open_splits(
     cfg: Training, tokenizer_path: str, split: str, data: Data | None = None
 ) -> tuple[list[PreparedSplit], list[float]]:
-    """The memory-mapped streams and weights of cfg's dataset split ('train' or 'val'), each shard checked."""
+    """The prepared streams and weights of cfg's dataset split ('train' or 'val'), each shard checked."""
     max_open, verify = (data.max_open_shards, data.verify) if data else (MAX_OPEN_SHARDS, "cheap")
     folders = dataset_folders(cfg.dataset, cfg.dataset_path, cfg.dataset_mixture, tokenizer_path)
     opened = [PreparedSplit(Path(folder), split, max_open_shards=max_open, verify=verify) for folder, _ in folders]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from meshforge.errors import ConfigError
 
@@ -79,8 +79,13 @@ def shape_problem(manifest: dict[str, Any]) -> str | None:
 
 def file_sha256(path: Path) -> str:
     """sha256 of a file's bytes, read 1 MiB at a time."""
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+        return stream_sha256(f)
+
+
+def stream_sha256(f: BinaryIO) -> str:
+    """sha256 of the rest of an open binary file, read 1 MiB at a time."""
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        digest.update(chunk)
     return digest.hexdigest()

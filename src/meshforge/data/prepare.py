@@ -16,6 +16,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from meshforge.data.manifest import FORMAT, MANIFEST
 from meshforge.data.sources import Document, iter_documents
 from meshforge.data.tokenizer import Tokenizer, build_tokenizer
 from meshforge.errors import ConfigError
+from meshforge.threads import result
 
 BATCH_CHARS = 1 << 20
 BATCH_DOCS = 512
@@ -115,16 +117,21 @@ def encoded_batches(
             yield (*encode_packed(tokenizer, texts, dtype), flags, sum(map(len, texts)))
         return
     ctx = mp.get_context("spawn")  # no fork of a process whose tokenizer thread pool may be running
-    with ctx.Pool(options.workers, initializer=_init_worker, initargs=(options.tokenizer_path,)) as pool:
-        pending: deque[tuple[Any, list[bool], int]] = deque()
+    # an executor, not mp.Pool: a worker that dies (killed, out of memory) breaks it and every pending result raises,
+    # where mp.Pool replaces the worker and waits for its lost result forever
+    what = f"a `data prepare` encoder process (one of {options.workers})"
+    with ProcessPoolExecutor(
+        options.workers, ctx, initializer=_init_worker, initargs=(options.tokenizer_path,)
+    ) as pool:
+        pending: deque[tuple[Future[tuple[np.ndarray, np.ndarray]], list[bool], int]] = deque()
         for texts, flags in groups:
-            pending.append((pool.apply_async(_encode_in_worker, (texts, dtype.str)), flags, sum(map(len, texts))))
+            pending.append((pool.submit(_encode_in_worker, texts, dtype.str), flags, sum(map(len, texts))))
             if len(pending) >= 2 * options.workers:
-                result, f, c = pending.popleft()
-                yield (*result.get(), f, c)
+                future, f, c = pending.popleft()
+                yield (*result(future, what), f, c)
         while pending:
-            result, f, c = pending.popleft()
-            yield (*result.get(), f, c)
+            future, f, c = pending.popleft()
+            yield (*result(future, what), f, c)
 
 
 def prepare(inputs: list[str], out: Path, options: PrepareOptions, *, progress: bool = False) -> dict[str, Any]:

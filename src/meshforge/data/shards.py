@@ -16,8 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import numpy as np
 
 from meshforge.data.integrity import ShardChecker, check_split
 from meshforge.data.manifest import MANIFEST, VERIFY_HINT, read_manifest
+from meshforge.data.reader import ShardFiles
 from meshforge.errors import ConfigError
 
 SPLITS = ("train", "val")
@@ -185,35 +184,14 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     (folder / JOURNAL).unlink(missing_ok=True)
 
 
-class MapCache:
-    """The most recently used ``capacity`` open maps of shard files; opening one more closes the oldest.
-
-    A numpy memory map holds a file descriptor until the last array viewing it is gone: evicting drops the cache's
-    reference (callers get copies), so open files and mapped memory stay bounded whatever the shard count."""
-
-    def __init__(self, capacity: int, opener: Callable[[int], np.ndarray]) -> None:
-        self.capacity, self.opener = capacity, opener
-        self.maps: OrderedDict[int, np.ndarray] = OrderedDict()
-
-    def get(self, key: int) -> np.ndarray:
-        """The map of shard key, opened (and the least recently used closed) when not open."""
-        if key in self.maps:
-            self.maps.move_to_end(key)
-            return self.maps[key]
-        value = self.opener(key)
-        self.maps[key] = value
-        while len(self.maps) > self.capacity:
-            self.maps.popitem(last=False)
-        return value
-
-
 class PreparedSplit:
-    """One split of a prepared dataset as a single virtual token stream, memory-mapped shard by shard.
+    """One split of a prepared dataset as a single virtual token stream, read shard by shard.
 
     Opening reads the manifest and checks every shard cheaply (`integrity.check_split`: sizes, ``.idx`` headers and
     ends; ``verify="full"`` also every sha256, ``"cheap"`` each sha256 on a reader thread before the shard's first
-    read, ``"sizes"`` no sha256); `read` touches only the pages of the windows asked for and keeps at
-    most ``max_open_shards`` maps of each kind open, so resident memory and open files do not grow with the corpus.
+    read, ``"sizes"`` no sha256); `read` reads only the windows asked for (`reader.ShardFiles`: pread, no maps, so a
+    file changed under the job is one line, never SIGBUS) and keeps at most ``max_open_shards`` files and indexes
+    open, so resident memory and open files do not grow with the corpus.
     """
 
     def __init__(
@@ -236,24 +214,7 @@ class PreparedSplit:
                 f"{str(self.folder / MANIFEST)!r}: splits.{split}.tokens = {self.num_tokens} but its shards hold "
                 f"{int(self.starts[-1])}; {VERIFY_HINT.format(folder=self.folder)}"
             )
-        self._maps = MapCache(max_open_shards, self._open_bin)
-        self._index = MapCache(max_open_shards, self._open_idx)
-
-    def _open_bin(self, i: int) -> np.ndarray:
-        return self._guard(i, ".bin", lambda path: np.memmap(path, dtype=self.dtype, mode="r"))
-
-    def _open_idx(self, i: int) -> np.ndarray:
-        return self._guard(i, ".idx", lambda path: np.load(path, mmap_mode="r"))
-
-    def _guard(self, i: int, suffix: str, opener: Callable[[Path], np.ndarray]) -> np.ndarray:
-        if self._checker is not None:
-            self._checker.wait(i)  # its bytes checked before the first read (at once when the thread is past it)
-        path = self.folder / self.shard_names[i].replace(".bin", suffix)
-        try:
-            return opener(path)
-        except (OSError, ValueError) as error:  # removed or damaged since the check at open
-            hint = VERIFY_HINT.format(folder=self.folder)
-            raise ConfigError(f"shard {str(path)!r} cannot be opened ({error}): {hint}") from None
+        self._files = ShardFiles(self.folder, info["shards"], self.dtype, max_open_shards, self._checker)
 
     @property
     def checking(self) -> bool:
@@ -270,11 +231,8 @@ class PreparedSplit:
         """The fingerprint of the tokenizer the shards were made with."""
         return str(self.manifest["tokenizer"]["fingerprint"])
 
-    def _shard(self, i: int) -> np.ndarray:
-        return self._maps.get(i)
-
     def _offsets(self, i: int) -> np.ndarray:
-        return self._index.get(i)
+        return self._files.offsets(i)
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start + length) of the split's stream as int64 (crossing shard boundaries as needed)."""
@@ -284,7 +242,7 @@ class PreparedSplit:
         while position < end:
             i = int(np.searchsorted(self.starts, position, side="right")) - 1
             stop = min(end, int(self.starts[i + 1]))
-            pieces.append(self._shard(i)[position - self.starts[i] : stop - self.starts[i]])
+            pieces.append(self._files.tokens(i, int(position - self.starts[i]), int(stop - self.starts[i])))
             position = stop
         return np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
 
@@ -306,4 +264,4 @@ class PreparedSplit:
         i = int(np.searchsorted(shard_docs, d, side="right")) - 1
         offsets = self._offsets(i)
         local = d - int(shard_docs[i])
-        return np.array(self._shard(i)[offsets[local] : offsets[local + 1]], dtype=np.int64)
+        return self._files.tokens(i, int(offsets[local]), int(offsets[local + 1])).astype(np.int64)

@@ -17,6 +17,7 @@ docs/observability.md.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
@@ -32,6 +33,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from meshforge.threads import Worker
 
 HANG_EXIT_CODE = 3
 FLIGHT_RECORDER_ENTRIES = 2000
@@ -141,9 +144,10 @@ class HangGuard:
         self.folder = Path(dump_folder) / "hang"
         self.rank, self.world_size, self.status = rank, world_size, status
         self.store: dist.Store | None = None
+        self.job_store: dist.Store | None = None
         self.stop = threading.Event()
         self.lock = threading.Lock()  # the first path to report (main thread or watchdog) owns the exit
-        self.watchdog: threading.Thread | None = None
+        self.watchdog: Worker | None = None
 
     def __enter__(self) -> HangGuard:
         if dist.is_initialized():
@@ -151,8 +155,10 @@ class HangGuard:
 
             # one key space per torchrun attempt: a restarted job must not see the dead attempt's failure flag
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            self.store = dist.PrefixStore(f"meshforge/hang/{attempt}/", _get_default_store())
-            self.watchdog = threading.Thread(target=self._watch, name="meshforge-hang-watchdog", daemon=True)
+            self.job_store = _get_default_store()
+            self.store = dist.PrefixStore(f"meshforge/hang/{attempt}/", self.job_store)
+            what = f"rank {self.rank}'s hang watchdog"
+            self.watchdog = Worker(self._watch, name="meshforge-hang-watchdog", what=what)
             self.watchdog.start()
         return self
 
@@ -162,21 +168,42 @@ class HangGuard:
         self.stop.set()
         if self.store is not None and is_collective_failure(exc):
             assert exc is not None
+            with contextlib.suppress(Exception):  # the store is gone: report as a hang
+                self._leave_if_stopped()  # the peer it waited for ended the job with its own line: not a hang
             reason = f"rank {self.rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             self._report(reason, "".join(traceback.format_exception(exc)))
-        if self.watchdog is not None:
-            self.watchdog.join()
+        if self.watchdog is not None:  # one poll, or a report in progress (which ends the process)
+            bound = POLL_SECONDS + 2 * PEER_GRACE_SECONDS
+            if exc is None:  # its failure (a dead watchdog diagnosed nothing) as one line; never hides the loop's
+                self.watchdog.finish(bound)
+            else:
+                self.watchdog.join(bound)
 
     def _watch(self) -> None:
         assert self.store is not None
         while not self.stop.wait(POLL_SECONDS):
             try:
+                self._leave_if_stopped()
                 if not self.store.check(["flag"]):
                     continue
                 reason = self.store.get("flag").decode()
             except Exception:  # the store is gone: the job is ending anyway
                 return
             self._report(reason, None)
+
+    def _leave_if_stopped(self) -> None:
+        """Another rank reported an error and ends the job (parallel/distributed.py stop_key): leave with its code, no
+        message (it printed the one line), counted as reported so that rank 0 stops waiting. Never returns if so."""
+        from meshforge.parallel.distributed import stop_key
+
+        assert self.job_store is not None
+        if not self.job_store.check([stop_key()]):
+            return
+        code = int(self.job_store.get(stop_key()).decode())
+        self.job_store.add("meshforge/reports", 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
     def _report(self, reason: str, failure: str | None) -> None:
         """Write this rank's file, flag the others, wait for theirs, exit. Never returns."""

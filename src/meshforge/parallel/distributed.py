@@ -90,11 +90,21 @@ def set_timeouts(mesh: DeviceMesh | None, seconds: int) -> None:
         _set_pg_timeout(timeout, group)
 
 
-def report_once(message: str, wait_s: float = 5.0) -> None:
+def stop_key() -> str:
+    """The key a rank that reported an error and ends the job sets in the job's store (to its exit code): the other
+    ranks' hang watchdogs (observability/hang.py) see it within a second and leave with that code, without a message
+    of their own, even while they wait in a collective for the rank that stopped. One per torchrun attempt: a restarted
+    job must not see the dead attempt's."""
+    return f"meshforge/stop/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def report_once(message: str, wait_s: float = 5.0, *, stop_code: int | None = None) -> None:
     """Print ``message`` to stderr on the first rank of the job that reports it (always without a process group): the
     ranks of a job that all hit the same error print it once. Counted in the process group's store (no collective).
     The first rank prints before anything else, since the launcher may kill it as soon as another rank exits; rank 0
-    then waits up to ``wait_s`` for every rank's report, since its exit may take the store down."""
+    then waits up to ``wait_s`` for every rank's report, since its exit may take the store down. With ``stop_code``,
+    ranks that did not meet the error (waiting for this one in a collective) are asked to leave with it (stop_key):
+    they count themselves as reported, so rank 0's wait ends as soon as they are gone."""
     if not dist.is_initialized():
         print(message, file=sys.stderr, flush=True)
         return
@@ -113,6 +123,8 @@ def report_once(message: str, wait_s: float = 5.0) -> None:
     if first:
         print(message, file=sys.stderr, flush=True)
     try:
+        if stop_code is not None:
+            store.set(stop_key(), str(stop_code))
         reported = int(store.add("meshforge/reports", 1))
         deadline = time.monotonic() + wait_s
         while dist.get_rank() == 0 and reported < dist.get_world_size() and time.monotonic() < deadline:

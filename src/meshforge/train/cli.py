@@ -129,7 +129,7 @@ def run(cfg: JobConfig) -> int:
         train(cfg)
     except (ConfigError, TrainingDiverged) as exc:  # raised the same way on every rank (config vs world/model)
         code = EXIT_CODE if isinstance(exc, TrainingDiverged) else 2
-        report_once(f"meshforge train: error: {exc}")
+        report_once(f"meshforge train: error: {exc}", stop_code=code)  # ranks that wait for this one leave too
         finish(ok=False, code=code)
         return code
     finish(ok=True)
