@@ -85,7 +85,7 @@ class TrainState:
     straggler: StragglerDetector = field(default_factory=lambda: StragglerDetector(0.0, console=False))
     save_clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
     ft: FaultTolerance | None = None  # torchft replica groups (train/fault_tolerance.py)
-    regather_keep: bool = False  # gradient_sync.regather auto, decided after the first step (train/regather.py)
+    regather_keep: bool = False  # gradient_sync.regather auto: decided after the first step, again while kept
 
 
 def setup(cfg: JobConfig) -> TrainState:
@@ -349,8 +349,12 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
         state.metrics.step_done(state.step, cfg.training.steps)
         if state.step == first_step:
             set_timeouts(state.mesh, cfg.comm.train_timeout_seconds)
+        if state.step == first_step or (state.regather_keep and should_log(state.step, cfg)):  # train/regather.py
             fsdp_only = state.pipeline is None and state.dims.fsdp_enabled
-            state.regather_keep = auto_keep(cfg, state.model_parts, state.ctx.device, fsdp_without_pp=fsdp_only)
+            kept = state.regather_keep
+            state.regather_keep = auto_keep(
+                cfg, state.model_parts, state.ctx.device, fsdp_without_pp=fsdp_only, kept=kept
+            )
         logged: dict[str, Any] = {}
         due = 0.0  # rank 0's wall-time save decision rides on the straggler gather of log steps (train/elastic.py)
         if should_log(state.step, cfg):
