@@ -258,7 +258,7 @@ def forward_backward(state: TrainState, inputs: torch.Tensor, labels: torch.Tens
     inputs, labels, positions = shard_batch(sub_mesh(state.mesh, "cp"), cp_impl, inputs, labels)
     if state.cfg.training.document_mask:  # in-document positions (context parallel is refused at set-up)
         positions = state.loader.positions().to(inputs.device)
-    offload = offload_context(state.cfg.activation_checkpoint.offload, state.ctx.device)
+    offload = offload_context(state.cfg.activation_checkpoint.offload, state.ctx.device, state.model_parts)
     with loss_parallel_context(state.dims.tp > 1 and not par.disable_loss_parallel), offload:
         if state.pipeline is not None:  # the schedule runs forward, loss and backward of every microbatch
             with autocast_context(state):
