@@ -303,11 +303,13 @@ class OffloadModel:
         if torch.is_grad_enabled():
             self.block += 1
 
-    @contextlib.contextmanager
-    def hooks(self, enabled: bool, blocks: list[nn.Module]) -> Iterator[None]:
+    def hooks(self, enabled: bool, blocks: list[nn.Module]) -> contextlib.AbstractContextManager[Any]:
         if not enabled:
-            yield
-            return
+            return contextlib.nullcontext()
+        return self.hooked(blocks)
+
+    @contextlib.contextmanager
+    def hooked(self, blocks: list[nn.Module]) -> Iterator[None]:
         self.block, self.groups, self.fetched = 0, {}, set()
         handles = [block.register_forward_pre_hook(self._next_block) for block in blocks]
         try:

@@ -93,7 +93,8 @@ def device_saved(layout: Layout, saved: float, per_layer: float, kept: float, ke
     chunked loss's share is plan/physics/peak.py's loss term, / N)."""
     if not layout.activation_offload:
         return saved
-    return kept + min(OFFLOAD_BLOCKS_BACK * (per_layer - kept_layer), saved - kept)
+    per_layer, kept_layer = OFFLOAD_BLOCKS_BACK * per_layer, OFFLOAD_BLOCKS_BACK * kept_layer
+    return kept + min(per_layer - kept_layer, saved - kept)
 
 
 def host_memory_gib(hw: HardwareProfile) -> float:
