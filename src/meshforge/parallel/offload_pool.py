@@ -3,10 +3,9 @@ every micro-step, bounded by the largest micro-step's saved bytes.
 
 torch's pinned allocations (``pin_memory=True``) go through its caching host allocator, which rounds every request up
 to a power of two and keeps each block for the process's life: up to 2x the saved bytes page-locked per rank, never
-returned. Here: slabs of plain host memory page-locked exactly (``cudaHostRegister`` of their own bytes, torch's
-``torch.cuda._pin_memory_utils``, as DCP's staging does), handed out in order (``take``: a bump pointer per slab,
-``ALIGN`` bytes aligned) and all taken back at the end of the offload context (``reset``, after the backward that read
-them). A micro-step that needs more than the slabs hold gets an overflow slab (at least ``GROW_BYTES``); at its end
+returned. Here: slabs of plain host memory page-locked exactly (``cudaHostRegister`` of their own bytes, as DCP's
+staging does), handed out in order (``take``: a bump pointer per slab, ``ALIGN`` bytes aligned) and all taken back
+at the end of the offload context (``reset``, after the backward that read them). A micro-step that needs more than the slabs hold gets an overflow slab (at least ``GROW_BYTES``); at its end
 the pool waits once for the device (the copies must be done before memory is unregistered: one host synchronisation,
 only when the pool grew) and replaces its slabs by one slab of exactly what the micro-step took, which the next
 micro-steps of the same shape reuse without a new registration.
@@ -33,16 +32,16 @@ def aligned(nbytes: int) -> int:
 
 
 def register_host(slab: torch.Tensor) -> None:
-    """Page-lock ``slab``'s own bytes (``cudaHostRegister``)."""
-    from torch.cuda import _pin_memory_utils
-
-    _pin_memory_utils.pin_memory(slab.data_ptr(), slab.numel())
+    """Page-lock ``slab``'s own bytes (``cudaHostRegister``, portable: as torch's own staging does)."""
+    error = int(torch.cuda.cudart().cudaHostRegister(slab.data_ptr(), slab.numel(), 1))
+    if error:
+        raise RuntimeError(f"activation offload: page-locking {slab.numel()} bytes failed (cudaError {error})")
 
 
 def unregister_host(slab: torch.Tensor) -> None:
-    from torch.cuda import _pin_memory_utils
-
-    _pin_memory_utils.unpin_memory(slab.data_ptr())
+    error = int(torch.cuda.cudart().cudaHostUnregister(slab.data_ptr()))
+    if error:
+        raise RuntimeError(f"activation offload: releasing a page-locked buffer failed (cudaError {error})")
 
 
 def pin_host(nbytes: int) -> torch.Tensor:
