@@ -5,10 +5,11 @@ torch's pinned allocations (``pin_memory=True``) go through its caching host all
 to a power of two and keeps each block for the process's life: up to 2x the saved bytes page-locked per rank, never
 returned. Here: slabs of plain host memory page-locked exactly (``cudaHostRegister`` of their own bytes, as DCP's
 staging does), handed out in order (``take``: a bump pointer per slab, ``ALIGN`` bytes aligned) and all taken back
-at the end of the offload context (``reset``, after the backward that read them). A micro-step that needs more than the slabs hold gets an overflow slab (at least ``GROW_BYTES``); at its end
-the pool waits once for the device (the copies must be done before memory is unregistered: one host synchronisation,
-only when the pool grew) and replaces its slabs by one slab of exactly what the micro-step took, which the next
-micro-steps of the same shape reuse without a new registration.
+at the end of the offload context (``reset``, after the backward that read them). A micro-step that needs more than
+the slabs hold gets an overflow slab (at least ``GROW_BYTES``); at its end the pool waits once for the device (the
+copies must be done before memory is unregistered: one host synchronisation, only when the pool grew) and replaces
+its slabs by one slab of exactly what the micro-step took, which the next micro-steps of the same shape reuse
+without a new registration.
 
 Reuse is ordered on the device, not on the host: the next micro-step's device-to-host copies run on the offload's
 side stream after it waited for the compute stream, and the context's exit made the compute stream wait for the side
