@@ -279,29 +279,45 @@ def check_dense_stage_balance() -> dict[str, Any]:
 
 
 def check_offload_hooks() -> dict[str, Any]:
-    """parallel/activation_offload.py's CUDA path directly (backward, which would unpack, is out of reach): pack
-    copies into a pinned host buffer on the side stream after it waited for the compute stream, non-blocking, the
-    tensor recorded on the side stream; unpack makes the compute stream wait for the copy's event and copies back
-    non-blocking; no host synchronisation in either."""
+    """parallel/activation_offload.py's CUDA path directly (backward, which would unpack, is out of reach): two
+    blocks' activations and a weight packed, unpacked in backward's order (the later block first), twice (two
+    micro-steps over one pool). Per micro-step: each activation copied out non-blocking into the page-locked pool
+    after the side stream waited for the compute stream, recorded on the side stream; the weight not copied; the
+    first unpack of the later block prefetches the earlier block's tensor on the prefetch stream (after its copy out's
+    event); unpacks wait for their events on the device; the context's end waits for both streams. The pool is
+    page-locked once (no torch pinned allocation) and reused; its growth costs one event synchronisation."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from meshforge.parallel.activation_offload import StreamOffload
+    from meshforge.parallel.activation_offload import Saved, StreamOffload
+    from meshforge.parallel.offload_pool import PinnedPool
 
     guard = CollectiveGuard()
     result: dict[str, Any] = {"layout": "activation_offload_hooks", "world": 1}
     STREAM_OPS.clear()
     try:
         with cuda_stubs(), FakeTensorMode(allow_non_fake_inputs=True), guard:
-            hooks = StreamOffload(torch.device("cuda", 0))
-            saved = torch.empty(4, 8, device="cuda")
-            guard.enter("pack")
-            packed = hooks.pack(saved)
-            after_pack = dict(STREAM_OPS)
-            guard.enter("unpack")
-            back = hooks.unpack(packed)
-        result["packed_on_host"] = packed[1].device.type == "cpu"
-        result["round_trip"] = back.device.type == "cuda" and back.shape == saved.shape
-        result.update(after_pack=after_pack, after_unpack=dict(STREAM_OPS), reached="unpack")
+            pool, blocks = PinnedPool(), [torch.nn.Identity(), torch.nn.Identity()]
+            weight = torch.nn.Parameter(torch.empty(8, 8, device="cuda"))
+            micro = []
+            for _ in range(2):
+                hooks = StreamOffload(torch.device("cuda", 0), pool, blocks)
+                with hooks:
+                    guard.enter("pack")
+                    packed = []
+                    for block in blocks:
+                        block(None)  # the block's forward starts: its saved tensors are a group
+                        packed.append(hooks.pack(torch.empty(4, 8, device="cuda")))
+                    kept = hooks.pack(weight.t())
+                    after_pack = dict(STREAM_OPS)
+                    guard.enter("unpack")
+                    back = [hooks.unpack(p) for p in reversed(packed)]
+                micro.append({"after_pack": after_pack, "after_unpack": dict(STREAM_OPS), "copies": dict(guard.copies)})
+                STREAM_OPS.clear()
+                guard.copies.clear()
+        result["packed_on_host"] = all(isinstance(p, Saved) and p.host.device.type == "cpu" for p in packed)
+        result["weight_kept"] = kept is not None and not isinstance(kept, Saved)
+        result["round_trip"] = all(b.device.type == "cuda" and b.shape == (4, 8) for b in back)
+        result.update(micro_steps=micro, pool_slabs=len(pool.slabs), pool_bytes=pool.pinned_bytes, reached="unpack")
     except Exception as exc:
         guard.fail(exc)
         result["stopped"] = guard.failures[0]

@@ -167,7 +167,7 @@ class FakeCudaEvent:
         pass
 
     def synchronize(self) -> None:
-        pass
+        STREAM_OPS["event_synchronize"] = STREAM_OPS.get("event_synchronize", 0) + 1
 
     def wait(self, stream: Any = None) -> None:
         pass
@@ -188,7 +188,15 @@ def cuda_stubs() -> Iterator[None]:
         "stream": lambda *a, **k: contextlib.nullcontext(),
         "get_rng_state": lambda *a: torch.zeros(16, dtype=torch.uint8),
     }  # fmt: skip
+    from meshforge.parallel import offload_pool
+
+    def count(name: str) -> Any:
+        return lambda *a, **k: STREAM_OPS.__setitem__(name, STREAM_OPS.get(name, 0) + 1)
+
     with contextlib.ExitStack() as stack:
+        # page-locking needs the driver (cudaHostRegister): counted instead (activation offload's pool)
+        stack.enter_context(mock.patch.object(offload_pool, "register_host", count("host_register")))
+        stack.enter_context(mock.patch.object(offload_pool, "unregister_host", count("host_unregister")))
         # the fake backend says it takes cpu and cuda; as NCCL it takes cuda only (collectives pick devices by it)
         stack.enter_context(mock.patch.dict(dist.Backend.backend_capability, {"fake": ["cuda"]}))
         for name, value in patches.items():

@@ -3,6 +3,7 @@
 # scripts/gpu_check.py. Here first: `bash scripts/build_gpu_wheels.sh` (gpu_wheels/, <= 20 MiB, travels with the tree).
 # There, from the repository root, the exact command line:
 #   PYTHON=python3 bash scripts/gpu_check.sh            # writes docs/benchmarks/gpu/results.json and results.md
+#   (exit 0: every planned check ran and passed; 1: one failed; 3: all that ran passed, some did not run)
 #   PYTHON=python3 bash scripts/gpu_check.sh --dry-run  # anywhere: validates every check's set-up without a GPU
 # Extra arguments go to the driver (--budget-s, --only NAME..., --out DIR). The project is not pip-installed: src/ is
 # on PYTHONPATH; the brought wheels go into outputs/gpu_site (also on PYTHONPATH), never into the image's Python.

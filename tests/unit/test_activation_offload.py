@@ -9,12 +9,13 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.autograd.graph import saved_tensors_hooks
 
 from meshforge.config.schema import ActivationCheckpoint
 from meshforge.model.flavors import get_flavor
 from meshforge.model.llama import build_model
 from meshforge.parallel.activation_ckpt import apply_ac
-from meshforge.parallel.activation_offload import HostCopyOffload, offload_context
+from meshforge.parallel.activation_offload import HostCopyOffload, is_weight, offload_context
 
 
 def loss_and_grads(mode: str, offload: bool) -> tuple[torch.Tensor, list[torch.Tensor], int]:
@@ -45,15 +46,45 @@ def test_offload_is_bitwise_identical(mode: str) -> None:
 
 
 def test_pack_copies_into_a_buffer_of_its_own() -> None:
-    """An in-place change after the forward must not reach backward: the saved value is the copy made at pack
-    (``tensor.cpu()`` on a CPU tensor is the tensor itself: an aliasing pack gives the changed value)."""
+    """A change of the storage after the forward must not reach backward: the saved value is the copy made at pack
+    (``tensor.cpu()`` on a CPU tensor is the tensor itself: an aliasing pack gives the changed value). Written through
+    ``.data``, as a reuse of the memory would, unseen by the version counter."""
     x = torch.arange(4.0)
     w = torch.ones(4, requires_grad=True)
     with offload_context(True, torch.device("cpu")):
         y = (x * w).sum()  # saves x for w's gradient
-    x.add_(10.0)  # the activation's storage reused after the forward
+    x.data.add_(10.0)  # the activation's storage reused after the forward
     y.backward()
     assert torch.equal(w.grad, torch.arange(4.0))  # type: ignore[arg-type]
+
+
+def test_an_in_place_write_after_pack_raises_as_autograd_does_without_hooks() -> None:
+    """Autograd's hooks skip its check that a saved tensor was not modified in place; offload keeps the rule (on CUDA
+    the write would race the copy out), on the CPU path too, so CPU runs catch such model code."""
+    w = torch.ones(4, requires_grad=True)
+    for offload, message in ((False, "needed for gradient computation has been modified"), (True, "after the forward")):
+        x = torch.arange(4.0)
+        with offload_context(offload, torch.device("cpu")):
+            y = (x * w).sum()  # saves x for w's gradient
+        x.add_(10.0)
+        with pytest.raises(RuntimeError, match=message):
+            y.backward()
+
+
+def test_weights_stay_and_activations_go() -> None:
+    """A matmul saves its weight (``weight.t()``; under autocast a bf16 copy of it): never offloaded, the parameter
+    itself comes back; the input (an activation) goes through a host copy."""
+    linear = torch.nn.Linear(4, 3, bias=False)
+    x = torch.randn(2, 4, requires_grad=True)
+    for autocast in (False, True):
+        packed: list[object] = []
+        hooks = saved_tensors_hooks(lambda t, out=packed: out.append(HostCopyOffload.pack(t)) or out[-1], lambda p: p)
+        with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            linear(x * 2).sum()  # saves x * 2 (cast under autocast) and the weight, transposed (and cast)
+        kept = [p for p in packed if isinstance(p, torch.Tensor)]
+        moved = [p for p in packed if isinstance(p, tuple)]
+        assert len(kept) == 1 and is_weight(kept[0]) and kept[0].shape == (4, 3), (autocast, packed)
+        assert len(moved) == 1 and moved[0][1].shape == (2, 4), (autocast, packed)
 
 
 def test_per_op_sac_keeps_its_own_hooks_inside_blocks() -> None:
@@ -83,7 +114,7 @@ def test_dtensor_activations_are_offloaded_and_rebuilt() -> None:
         hooks.pack_hook = lambda t: packed.append(pack(t)) or packed[-1]  # type: ignore[attr-defined]
         with hooks:
             y = (x * w).sum()  # saves x (a DTensor) for w's gradient
-        x._local_tensor.add_(10.0)  # the activation's storage reused after the forward
+        x._local_tensor.data.add_(10.0)  # the activation's storage reused after the forward
         y.backward()
         assert any(isinstance(p, tuple) and p[2] is not None for p in packed)  # a DTensor went to the host
         assert isinstance(w.grad, DTensor)

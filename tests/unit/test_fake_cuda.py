@@ -78,18 +78,30 @@ def test_the_whole_step_runs_under_the_meta_outer_wrapper(results: dict[str, dic
 def test_cpu_offload_uses_the_host_backend_beside_the_device_one(results: dict[str, dict[str, object]]) -> None:
     row = results["dense_fsdp2_offload"]
     assert row["backend"] == "cuda:nccl,cpu:gloo" and row["host_collectives"] > 0  # clip's norm over host shards
-    assert row["pinned"] > 0  # pinned host buffers (FSDP's shards, activation offload's saves)
+    assert row["stream_ops"]["host_register"] > 0  # activation offload's pool, page-locked exactly
 
 
 def test_activation_offload_cuda_path(results: dict[str, dict[str, object]]) -> None:
-    """Pack: a pinned buffer, the side stream waits for the compute stream, the copy out is non-blocking, the tensor
-    is recorded on the side stream; the compute stream does not wait. Unpack: it waits for the copy's event (on the
-    device) and copies back non-blocking. No host synchronisation."""
+    """Two micro-steps over one pool, two blocks' activations and a weight each. Pack: into the page-locked pool (no
+    torch pinned allocation: its caching host allocator rounds to powers of two and never frees), the side stream
+    waits for the compute stream, the copy out is non-blocking, the tensor recorded on the side stream; the weight is
+    not copied. Unpack in backward's order: the later block's waits for its copy out and copies back on the compute
+    stream, having started the earlier block's copy back on the prefetch stream (after that copy out's event), whose
+    unpack waits for the prefetch's event and records the tensor on the compute stream; the context's end waits for
+    both streams. The pool is page-locked in the first micro-step only (a 64 MiB growth slab, then one of exactly
+    the bytes taken: one event synchronisation), reused by the second."""
     row = results["activation_offload_hooks"]
-    assert row["packed_on_host"] and row["round_trip"] and row["pinned"] == 1
-    assert row["after_pack"] == {"wait_stream": 1, "record_stream": 1}
-    assert row["after_unpack"] == {"wait_stream": 1, "record_stream": 1, "wait_event": 1}
-    assert row["copies"] == {"d2h_non_blocking": 1, "h2d_non_blocking": 1} and row["host_syncs"] == {}
+    assert row["packed_on_host"] and row["weight_kept"] and row["round_trip"] and row["pinned"] == 0
+    first, second = row["micro_steps"]  # type: ignore[misc]
+    assert first["after_pack"] == {"host_register": 1, "wait_stream": 2, "record_stream": 2}
+    grown = {"host_register": 2, "host_unregister": 1, "event_synchronize": 1}
+    assert first["after_unpack"] == {"wait_stream": 4, "record_stream": 3, "wait_event": 3, **grown}
+    assert second["after_pack"] == {"wait_stream": 2, "record_stream": 2}
+    assert second["after_unpack"] == {"wait_stream": 4, "record_stream": 3, "wait_event": 3}
+    for micro in (first, second):
+        assert micro["copies"] == {"d2h_non_blocking": 2, "h2d_non_blocking": 2}
+    assert row["pool_slabs"] == 1 and row["pool_bytes"] == 2 * 512  # two fp32 4 x 8 tensors (128 B), 512-aligned
+    assert row["host_syncs"] == {}
 
 
 def test_no_host_synchronisation_in_a_step_without_logging(results: dict[str, dict[str, object]]) -> None:

@@ -26,8 +26,10 @@ class GradientSync:
     regather: Literal["auto", "reshard", "keep"] = "auto"
     """Under once_per_step, whether parameters stay gathered after a non-last micro-step's backward (keep: the next
     micro-step's forward all-gather is saved, for the unsharded parameters in memory until the step's last backward)
-    or are freed (reshard: FSDP's default). auto: the first step reshards; from the second, keep where the measured
-    peak plus the gathered parameters fit 90 % of the device on every rank (train/regather.py; a CPU: reshard)."""
+    or are freed (reshard: FSDP's default). auto: the first step reshards; from the second, keep where the reserved
+    peak plus the gathered parameters (at the measured fragmentation) plus the memory outside the allocator (at least
+    1.5 GiB: context, NCCL) fit the device on every rank, re-decided on each log step while kept (train/regather.py;
+    a CPU: reshard)."""
 
     def validate(self) -> None:
         if self.mode not in MODES:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.config.io import TOMLI_W_INSTALL, ConfigError
+from meshforge.device.memory_budget import RUNTIME_GIB
 from meshforge.errors import optional_import
 from meshforge.plan import shipped
 
@@ -79,8 +80,9 @@ class HardwareSpec:
     devices_per_node: int
     clock_derate: float = 1.0
     """Sustained / boost clock under the power limit; multiplies every peak (not used for MFU, which is nominal)."""
-    runtime_gib: float = 1.5
-    """Memory outside the peak reading that still counts for 'fits' (CUDA context, NCCL buffers)."""
+    runtime_gib: float = RUNTIME_GIB
+    """Memory outside the peak reading that still counts for 'fits' (CUDA context, NCCL buffers): the reserve training's
+    regather auto budgets too (device/memory_budget.py)."""
     node_cores: int = 0
     """CPU hosts: cores the ranks of a node share (0 = each device is its own). With more rank threads than cores,
     compute and memory bandwidth are divided among them, and memory always is."""

@@ -38,6 +38,7 @@ from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.llama import build_model
 from meshforge.model.loss import cross_entropy, loss_parallel_context
+from meshforge.parallel.activation_offload import blocks_of, is_weight
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import ParallelDims, sub_mesh
@@ -237,7 +238,7 @@ def tracked_steps(
     def forward_backward(zero: bool = True) -> None:
         if zero:
             optimizer.zero_grad(set_to_none=True)
-        with loss_parallel_context(loss_parallel), offload.hooks(cfg.activation_checkpoint.offload):
+        with loss_parallel_context(loss_parallel), offload.hooks(cfg.activation_checkpoint.offload, blocks_of([model])):
             loss = model(inputs, positions, labels) if chunked else cross_entropy(model(inputs, positions), labels)
             loss.backward()
 
@@ -262,30 +263,61 @@ def tracked_steps(
     return on_device | after_host | saved
 
 
-@dataclass
 class OffloadModel:
-    """Activation offload (``activation_checkpoint.offload``, torch's ``save_on_cpu``) on the fake device, where host
-    and device are one: each saved tensor is dropped at pack (its bytes counted as held on the host) and allocated
-    again at unpack, when backward brings it back, as save_on_cpu's copy to the device is."""
+    """Activation offload (``activation_checkpoint.offload``, parallel/activation_offload.py) on the fake device, where
+    host and device are one: each saved activation is dropped at pack (its bytes counted as held on the host) and
+    allocated again when backward brings it back: the blocks before the last at the first unpack of the block after
+    them (training's prefetch), the rest at their own unpack. Weights stay (``is_weight``), as in training."""
 
-    live: int = 0
-    peak: int = 0
+    def __init__(self) -> None:
+        self.live = self.peak = self.block = 0
+        self.groups: dict[int, list[list[Any]]] = {}
+        self.fetched: set[int] = set()
 
-    def pack(self, t: torch.Tensor) -> tuple[Any, ...]:
+    def pack(self, t: torch.Tensor) -> Any:
+        if is_weight(t):
+            return t
         nbytes = t.numel() * t.element_size()
         self.live += nbytes
         self.peak = max(self.peak, self.live)
-        return (t.shape, t.stride(), t.dtype, t.device, nbytes)
+        entry = [t.shape, t.stride(), t.dtype, t.device, nbytes, self.block, None]
+        self.groups.setdefault(self.block, []).append(entry)
+        return entry
 
-    def unpack(self, saved: tuple[Any, ...]) -> torch.Tensor:
-        shape, stride, dtype, device, nbytes = saved
+    def unpack(self, entry: Any) -> torch.Tensor:
+        if isinstance(entry, torch.Tensor):
+            return entry
+        if entry[5] - 1 not in self.fetched:  # the block before comes back now, ahead of its backward
+            self.fetched.add(entry[5] - 1)
+            for other in self.groups.get(entry[5] - 1, []):
+                other[6] = self.arrive(other) if other[6] is None else other[6]
+        back, entry[6] = (entry[6] if entry[6] is not None else self.arrive(entry)), None
+        return back
+
+    def arrive(self, entry: list[Any]) -> torch.Tensor:
+        shape, stride, dtype, device, nbytes = entry[:5]
         self.live -= nbytes
         return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
-    def hooks(self, enabled: bool) -> contextlib.AbstractContextManager[Any]:
+    def _next_block(self, module: nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled():
+            self.block += 1
+
+    def hooks(self, enabled: bool, blocks: list[nn.Module]) -> contextlib.AbstractContextManager[Any]:
         if not enabled:
             return contextlib.nullcontext()
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+        return self.hooked(blocks)
+
+    @contextlib.contextmanager
+    def hooked(self, blocks: list[nn.Module]) -> Iterator[None]:
+        self.block, self.groups, self.fetched = 0, {}, set()
+        handles = [block.register_forward_pre_hook(self._next_block) for block in blocks]
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 def accumulate_once_per_step(

@@ -86,7 +86,7 @@ class TrainState:
     straggler: StragglerDetector = field(default_factory=lambda: StragglerDetector(0.0, console=False))
     save_clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
     ft: FaultTolerance | None = None  # torchft replica groups (train/fault_tolerance.py)
-    regather_keep: bool = False  # gradient_sync.regather auto, decided after the first step (train/regather.py)
+    regather_keep: bool = False  # gradient_sync.regather auto: decided after the first step, again while kept
 
 
 def setup(cfg: JobConfig) -> TrainState:
@@ -262,7 +262,7 @@ def forward_backward(state: TrainState, inputs: torch.Tensor, labels: torch.Tens
     inputs, labels, positions = shard_batch(sub_mesh(state.mesh, "cp"), cp_impl, inputs, labels)
     if state.cfg.training.document_mask:  # in-document positions (context parallel is refused at set-up)
         positions = state.loader.positions().to(inputs.device)
-    offload = offload_context(state.cfg.activation_checkpoint.offload, state.ctx.device)
+    offload = offload_context(state.cfg.activation_checkpoint.offload, state.ctx.device, state.model_parts)
     with loss_parallel_context(state.dims.tp > 1 and not par.disable_loss_parallel), offload:
         if state.pipeline is not None:  # the schedule runs forward, loss and backward of every microbatch
             with autocast_context(state):
@@ -353,8 +353,12 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
         state.metrics.step_done(state.step, cfg.training.steps)
         if state.step == first_step:
             set_timeouts(state.mesh, cfg.comm.train_timeout_seconds)
+        if state.step == first_step or (state.regather_keep and should_log(state.step, cfg)):  # train/regather.py
             fsdp_only = state.pipeline is None and state.dims.fsdp_enabled
-            state.regather_keep = auto_keep(cfg, state.model_parts, state.ctx.device, fsdp_without_pp=fsdp_only)
+            kept = state.regather_keep
+            state.regather_keep = auto_keep(
+                cfg, state.model_parts, state.ctx.device, fsdp_without_pp=fsdp_only, kept=kept
+            )
         logged: dict[str, Any] = {}
         due = 0.0  # rank 0's wall-time save decision rides on the straggler gather of log steps (train/elastic.py)
         if should_log(state.step, cfg):

@@ -81,13 +81,19 @@ def host_link(hw: HardwareProfile) -> float:
     return HOST_LINK_BANDWIDTH.get(hw.spec.name, DEFAULT_HOST_LINK_BANDWIDTH)
 
 
+OFFLOAD_BLOCKS_BACK = 2
+"""Blocks of offloaded activations on the device in backward: the block being differentiated and the one before it,
+whose copies back training starts early (parallel/activation_offload.py's prefetch; tools/memory_run.py models it)."""
+
+
 def device_saved(layout: Layout, saved: float, per_layer: float, kept: float, kept_layer: float) -> float:
     """Saved-activation bytes on the device at the peak: all ``saved`` of them, or under activation offload the ones
-    offload cannot move (``kept``: per-op SAC's cached outputs, memory.offload_kept_bytes_per_token) and the moved part
-    of the one block whose backward has them back (the chunked loss's share is plan/physics/peak.py's loss term, /
-    N)."""
+    offload cannot move (``kept``: per-op SAC's cached outputs, memory.offload_kept_bytes_per_token) and the moved
+    part of ``OFFLOAD_BLOCKS_BACK`` blocks: the one whose backward has them back and the one prefetched behind it (the
+    chunked loss's share is plan/physics/peak.py's loss term, / N)."""
     if not layout.activation_offload:
         return saved
+    per_layer, kept_layer = OFFLOAD_BLOCKS_BACK * per_layer, OFFLOAD_BLOCKS_BACK * kept_layer
     return kept + min(per_layer - kept_layer, saved - kept)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from meshforge.device import memory_budget
 from meshforge.model.flavors import ModelArgs
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import Layout
@@ -215,7 +216,7 @@ def resolve_gradient_sync(args: ModelArgs, layout: Layout, hw: HardwareProfile) 
     if not gradient_sync_once(layout) or not (layout.fsdp_size > 1 or layout.dp_replicate > 1):
         return reshard
     keep = replace(layout, regather="keep")
-    return keep if memory(args, keep, hw).peak <= _capacity(layout, hw) else reshard
+    return keep if _fits(args, keep, hw) else reshard
 
 
 def _resolve_mode(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> Layout:
@@ -224,11 +225,14 @@ def _resolve_mode(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> Layou
         return every
     once = replace(layout, gradient_sync="once_per_step")
     probe = replace(once, regather="reshard") if once.regather == "auto" else once
-    return once if memory(args, probe, hw).peak <= _capacity(layout, hw) else every
+    return once if _fits(args, probe, hw) else every
 
 
-def _capacity(layout: Layout, hw: HardwareProfile) -> float:
-    return hw.spec.device_memory_gib(layout.world_size) - hw.spec.runtime_gib
+def _fits(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> bool:
+    """Training's rule (device/memory_budget.py ``fits``): the predicted reserved peak (allocator slack included)
+    plus the runtime reserve outside the allocator within the device's memory."""
+    capacity = hw.spec.device_memory_gib(layout.world_size)
+    return memory_budget.fits(memory(args, layout, hw).peak, 0.0, 0.0, hw.spec.runtime_gib, capacity)
 
 
 def gradient_sync_once(layout: Layout) -> bool:
