@@ -143,3 +143,19 @@ def test_unpacking_after_the_context_ended_is_refused() -> None:
         y = (torch.arange(4.0).mul(1) * w).sum()
     with pytest.raises(RuntimeError, match="unpacked after its context ended"):
         y.backward()
+
+
+def test_a_dense_view_comes_back_with_its_strides() -> None:
+    """A transposed activation keeps its strides through the pinned pool (issue 43: a contiguous copy sent backward's
+    matmul to other kernels, and Float8 amplified their last bits); a view with gaps comes back contiguous."""
+    streams = ModelStreams(SCHEDULES["late"])
+    pool = PinnedPool(streams.pin, streams.unpin)
+    hooks = StreamOffload(CPU, pool, [], streams=streams)
+    with hooks:
+        base = torch.randn(6, 8, requires_grad=True) * 1.0  # an activation, not a weight
+        dense = [base.t(), base, base.unsqueeze(0).permute(2, 0, 1)]
+        for saved in (*dense, base[:, ::2]):
+            back = hooks.unpack(hooks.pack(saved))
+            assert torch.equal(back, saved)
+            assert back.stride() == (saved.stride() if any(saved is d for d in dense) else saved.contiguous().stride())
+    streams.finish()

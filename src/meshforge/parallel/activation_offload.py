@@ -224,7 +224,10 @@ class StreamOffload(saved_tensors_hooks):
         if local.device.type != self.device.type or local.layout != torch.strided or not _offloadable(tensor):
             return tensor  # host tensors, weights, other subclasses stay
         nbytes = local.numel() * local.element_size()
-        host = self.pool.take(nbytes).view(local.dtype).view(local.shape)
+        piece = self.pool.take(nbytes).view(local.dtype)
+        # a dense view (a transposed activation) keeps its strides there and back: backward's kernels are unchanged
+        strides = torch.empty_like(local, device="meta").stride()
+        host = piece.as_strided(local.shape, strides) if strides == local.stride() else piece.view(local.shape)
         self.ops.wait_stream(self.side, self.ops.compute())  # the copy sees the tensor's producer
         self.ops.copy_out(host, local, self.side)
         self.ops.record_stream(local, self.side)  # its memory is not reused before the copy ends
