@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from torch import nn
+from torch.autograd.function import BackwardCFunction
 
 from meshforge.cli import main as meshforge
 from meshforge.config.io import load_config
@@ -22,7 +23,7 @@ TINY = ["--model.flavor", "tiny", "--training.seq_len", "64", "--training.local_
 
 def graph_saved_bytes(root: torch.Tensor, params: set[int]) -> int:
     """Bytes of the distinct storages the autograd graph behind ``root`` holds (the ``_saved_*`` attributes of every
-    node), parameters left out: the recorder's total found another way."""
+    node, ``saved_tensors`` of custom functions), parameters left out: the recorder's total found another way."""
     seen: dict[int, int] = {}
     stack, visited = [root.grad_fn], set()
     while stack:
@@ -30,9 +31,8 @@ def graph_saved_bytes(root: torch.Tensor, params: set[int]) -> int:
         if node is None or node in visited:
             continue
         visited.add(node)
-        for name in dir(node):
-            if not name.startswith("_saved_"):
-                continue
+        custom = ["saved_tensors"] if isinstance(node, BackwardCFunction) else []  # custom autograd functions
+        for name in [n for n in dir(node) if n.startswith("_saved_")] + custom:
             value = getattr(node, name)
             for t in value if isinstance(value, tuple) else (value,):
                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in params:
@@ -96,3 +96,14 @@ def test_cli_by_op_json(capsys: pytest.CaptureFixture[str]) -> None:
     saved = record["saved_by_op"]
     assert saved["block_mib"] == pytest.approx(sum(r["mib"] for r in saved["block_rows"]), abs=0.01)
     assert "activation_checkpoint.mode = selective: the checkpoint holds" in out  # the default mode: a note
+
+
+def test_context_parallel_wo_input_is_a_view_of_the_saved_attention_output() -> None:
+    """The CP cores lay their output out (batch, seq, heads, head_dim): wo's input is then the saved output's view,
+    not a second saved copy (parallel/context_parallel/blocks.py cat_seq_major)."""
+    cp2 = ["--parallelism.context_parallel_degree", "2", "--activation_checkpoint.mode", "none"]
+    cfg = load_config(None, [*TINY, *cp2, "--training.mixed_precision_param", "bfloat16"])
+    args = resolve_model_args(cfg.model, cfg.training.seq_len)
+    saved = saved_by_op(cfg, 2, args, ParallelDims.from_config(cfg.parallelism, 2))
+    modules = {r.module for r in saved.block}
+    assert "attention.sdpa" in modules and "attention.wo" not in modules

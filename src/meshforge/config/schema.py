@@ -68,6 +68,9 @@ class Model:
     """MoE flavors: expert-bias step of auxiliary-loss-free balancing (0 turns it off; -1: the flavor's)."""
     moe_aux_loss_coeff: float = -1.0
     """MoE flavors: weight of the sequence-wise auxiliary balance loss (0 turns it off; -1: the flavor's)."""
+    lean_saves: bool = True
+    """RMSNorm keeps its input and rstd, SwiGLU its two matmul outputs (silu recomputed in backward): exact, no
+    matmul recomputed (model/lean.py). false: torch autograd's op-by-op saves (~2.5x a norm's, +1 FFN-width tensor)."""
 
 
 @dataclass

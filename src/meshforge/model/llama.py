@@ -18,6 +18,7 @@ from torch import nn
 from meshforge.errors import ConfigError
 from meshforge.model.document_mask import DocumentMask, build_document_mask, masked_attention
 from meshforge.model.flavors import ModelArgs
+from meshforge.model.lean import rms_norm, rms_norm_reference, silu_mul
 from meshforge.model.loss import chunked_cross_entropy
 from meshforge.model.moe import MoE
 
@@ -68,14 +69,15 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """RMSNorm over the last dim; ``lean``: saving the input and rstd only (model/lean.py)."""
+
+    def __init__(self, dim: int, eps: float, lean: bool = True) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.lean = eps, lean
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        return (rms_norm if self.lean else rms_norm_reference)(x, self.weight, self.eps)
 
 
 class CausalSDPA(nn.Module):
@@ -99,8 +101,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=args.qkv_bias)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
         # Qwen3: one RMSNorm over head_dim shared by every head of q (and one of k), applied before RoPE
-        self.q_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
+        self.q_norm = RMSNorm(self.head_dim, args.norm_eps, args.lean_saves) if args.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, args.norm_eps, args.lean_saves) if args.qk_norm else None
         self.sdpa = CausalSDPA()
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: DocumentMask = None) -> torch.Tensor:
@@ -119,23 +121,29 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int) -> None:
+    """SwiGLU; ``lean``: the gate saves the two matmul outputs and recomputes silu in backward (model/lean.py)."""
+
+    def __init__(self, dim: int, hidden_dim: int, lean: bool = True) -> None:
         super().__init__()
+        self.lean = lean
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lean:
+            return self.w2(silu_mul(self.w1(x), self.w3(x)))
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 def build_feed_forward(layer_id: int, args: ModelArgs) -> nn.Module:
     """Block ``layer_id``'s feed-forward: MoE where the flavor asks for it (model/moe.py), a dense SwiGLU otherwise."""
     if not args.is_moe:
-        return FeedForward(args.dim, args.ffn_hidden_dim)
+        return FeedForward(args.dim, args.ffn_hidden_dim, args.lean_saves)
     if not args.is_moe_layer(layer_id):
-        return FeedForward(args.dim, args.dense_ffn_dim or args.ffn_hidden_dim)
-    shared = FeedForward(args.dim, args.moe_ffn_dim * args.n_shared_experts) if args.n_shared_experts else None
+        return FeedForward(args.dim, args.dense_ffn_dim or args.ffn_hidden_dim, args.lean_saves)
+    hidden = args.moe_ffn_dim * args.n_shared_experts
+    shared = FeedForward(args.dim, hidden, args.lean_saves) if args.n_shared_experts else None
     return MoE(args, shared)
 
 
@@ -143,9 +151,9 @@ class TransformerBlock(nn.Module):
     def __init__(self, layer_id: int, args: ModelArgs) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps, args.lean_saves)
         self.attention = Attention(args)
-        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps, args.lean_saves)
         self.feed_forward = build_feed_forward(layer_id, args)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: DocumentMask = None) -> torch.Tensor:
@@ -162,7 +170,7 @@ class Transformer(nn.Module):
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
-        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps, args.lean_saves)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:  # one Parameter under two names; named_parameters() yields it once (the embedding)
             self.output.weight = self.tok_embeddings.weight

@@ -120,7 +120,9 @@ class SaveRecorder:
         producer = base.grad_fn or t.grad_fn  # a view of a DTensor's local shard has its grad_fn, not its base
         made_by = type(producer).__name__ if producer is not None else "input"
         dtype = str(t.dtype).removeprefix("torch.")
-        row = self.rows.setdefault((module, made_by, dtype), SavedRow(module, made_by, dtype, tuple(t.shape)))
+        row = self.rows.setdefault(
+            (module, made_by, dtype), SavedRow(module, made_by, dtype, tuple(local_tensor(t).shape))
+        )
         row.nbytes += storage.nbytes()
         row.count += 1
         return t
@@ -186,7 +188,7 @@ def format_by_op(saved: SavedByOp) -> str:
     sequences, tokens = saved.tokens
     lines = [
         f"saved activations of one block-micro-batch ({REPORTED_BLOCK}; {sequences} x {tokens} tokens on rank 0), "
-        "each storage once, by the module that saved it and the op that made it:",
+        "each storage once (local shapes), by the module that saved it and the op that made it:",
         f"  {'module':<28} {'made by':<46} {'dtype':<9} {'shape':<22} {'MiB':>9}",
     ]
     lines += [_row(r) for r in saved.block]

@@ -10,7 +10,7 @@ from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshforge.config.io import ConfigError
-from meshforge.parallel.context_parallel.blocks import Block, attend, attend_backward, kernel_for
+from meshforge.parallel.context_parallel.blocks import Block, attend, attend_backward, cat_seq_major, kernel_for
 from meshforge.parallel.context_parallel.ring import RingAttention
 
 IMPLS = ("allgather", "ring")
@@ -85,7 +85,7 @@ class _GatheredKVAttention(torch.autograd.Function):
             outs.append(out)
             lses.append(lse)
             auxes.append(aux)
-        out = torch.cat(outs, dim=2)
+        out = cat_seq_major(outs)
         ctx.save_for_backward(q, k, v, out, torch.cat(lses, dim=2))
         ctx.auxes, ctx.rank, ctx.cp = auxes, rank, cp  # type: ignore[attr-defined]
         return out
