@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """CPU time of the lean saves (model/lean.py) against torch autograd's op-by-op graph: forward + backward of one
-RMSNorm and one SwiGLU gate, and one whole debugmodel training step (forward + backward), median over repeats.
+RMSNorm and one SwiGLU gate, and one whole debugmodel training step (forward + backward), fastest of alternated repeats.
 
 Usage (from the repository root)::
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import time
 from collections.abc import Callable
 
@@ -26,14 +25,17 @@ from meshforge.model.lean import rms_norm, rms_norm_reference, silu_mul
 from meshforge.model.llama import build_model
 
 
-def median_ms(step: Callable[[], None], repeats: int) -> float:
-    step()  # warm-up
-    times = []
+def paired_ms(ref: Callable[[], None], lean: Callable[[], None], repeats: int) -> tuple[float, float]:
+    """The fastest of ``repeats`` runs of each, alternated so that both see the same machine load (on a shared
+    host the minimum is the least disturbed run)."""
+    ref(), lean()  # warm-up
+    times: dict[int, list[float]] = {0: [], 1: []}
     for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+        for i, step in enumerate((ref, lean)):
+            start = time.perf_counter()
+            step()
+            times[i].append(time.perf_counter() - start)
+    return 1e3 * min(times[0]), 1e3 * min(times[1])
 
 
 def elementwise(fn: Callable[..., torch.Tensor], *shapes: tuple[int, ...], dtype: torch.dtype) -> Callable[[], None]:
@@ -73,12 +75,9 @@ def main() -> None:
         norm_ref = elementwise(lambda x, w: rms_norm_reference(x, w, 1e-5), (tokens, dim), weight_shape, dtype=dtype)
         gate_lean = elementwise(silu_mul, (tokens, hidden), (tokens, hidden), dtype=dtype)
         gate_ref = elementwise(lambda a, b: F.silu(a) * b, (tokens, hidden), (tokens, hidden), dtype=dtype)
-        rows.append((f"RMSNorm {tokens}x{dim} {name}", median_ms(norm_ref, repeats), median_ms(norm_lean, repeats)))
-        gate = f"SwiGLU gate {tokens}x{hidden} {name}"
-        rows.append((gate, median_ms(gate_ref, repeats), median_ms(gate_lean, repeats)))
-    rows.append(
-        ("debugmodel step 8x256 fp32", median_ms(model_step(False), repeats), median_ms(model_step(True), repeats))
-    )
+        rows.append((f"RMSNorm {tokens}x{dim} {name}", *paired_ms(norm_ref, norm_lean, repeats)))
+        rows.append((f"SwiGLU gate {tokens}x{hidden} {name}", *paired_ms(gate_ref, gate_lean, repeats)))
+    rows.append(("debugmodel step 8x256 fp32", *paired_ms(model_step(False), model_step(True), repeats)))
     print("| forward + backward | autograd (ms) | lean (ms) | lean / autograd |")
     print("|---|---:|---:|---:|")
     for label, ref, lean in rows:
