@@ -107,3 +107,9 @@ def test_context_parallel_wo_input_is_a_view_of_the_saved_attention_output() -> 
     saved = saved_by_op(cfg, 2, args, ParallelDims.from_config(cfg.parallelism, 2))
     modules = {r.module for r in saved.block}
     assert "attention.sdpa" in modules and "attention.wo" not in modules
+
+
+def test_by_op_without_dry_run_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert meshforge(["train", "--by-op", *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--by-op" in err[0] and "--dry-run" in err[0]

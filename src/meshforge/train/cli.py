@@ -60,6 +60,9 @@ def main(argv: list[str]) -> int:
     cfg = load_config(args.config, overrides)  # config errors surface before any process starts
     if args.nproc < 0:
         raise ConfigError(f"--nproc {args.nproc} must be >= 1")
+    if (args.memory or args.by_op) and not args.dry_run:
+        flag = "--memory" if args.memory else "--by-op"
+        raise ConfigError(f"{flag} measures a fake-tensor step and needs --dry-run --world-size N; add --dry-run")
     if args.dry_run:
         from meshforge.tools.dry_run import dry_run
 
