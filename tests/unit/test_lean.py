@@ -148,3 +148,19 @@ def test_model_lean_saves_false_restores_autograd_saves() -> None:
         assert args.lean_saves is want
         block = build_model(dataclasses.replace(args, n_layers=1)).layers["0"]
         assert block.attention_norm.lean is want and block.feed_forward.lean is want  # type: ignore[union-attr]
+
+
+def test_moe_experts_gate_is_bit_identical_with_lean_saves() -> None:
+    from meshforge.model.moe import swiglu_grouped_mm, swiglu_loop
+
+    g = torch.Generator().manual_seed(0)
+    counts = torch.tensor([3, 0, 7, 1, 5])
+    x = torch.randn(int(counts.sum()), 16, generator=g)
+    ws = [torch.randn(5, 24, 16, generator=g), torch.randn(5, 16, 24, generator=g), torch.randn(5, 24, 16, generator=g)]
+    for fn in (swiglu_grouped_mm, swiglu_loop):
+        lean, ref = (grads(lambda *t, on=on, fn=fn: fn(*t, counts, on), x, *ws) for on in (True, False))  # type: ignore[misc]
+        assert torch.equal(lean[0], ref[0]) and all(map(torch.equal, lean[1], ref[1]))
+        recorder = SaveRecorder()
+        with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
+            fn(x, *(w.requires_grad_() for w in ws), counts, True)
+        assert "SiluBackward0" not in {row.made_by for row in recorder.rows.values()}
