@@ -65,23 +65,17 @@ def test_recorder_counts_every_saved_storage_once_without_parameters() -> None:
     assert not recorder.modules  # every module popped
 
 
-def test_sequence_parallel_block_saves_the_gathered_input_once() -> None:
-    cfg = load_config(
-        None,
-        [
-            *TINY,
-            "--parallelism.tensor_parallel_degree",
-            "2",
-            "--activation_checkpoint.mode",
-            "none",
-            "--training.mixed_precision_param",
-            "bfloat16",
-        ],
-    )
+def test_sequence_parallel_block_saves_the_sequence_shard_not_the_gathered_input() -> None:
+    """Under SP the q/k/v and w1/w3 inputs are saved as the sequence shard (parallel/sequence_shard_saves.py): one
+    (batch, seq / tp, dim) storage each, no gathered (batch x seq, dim) one; the weights' local shards are no rows."""
+    flags = ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "none"]
+    cfg = load_config(None, [*TINY, *flags, "--training.mixed_precision_param", "bfloat16"])
     args = resolve_model_args(cfg.model, cfg.training.seq_len)
     saved = saved_by_op(cfg, 2, args, ParallelDims.from_config(cfg.parallelism, 2))
-    gathered = [r for r in saved.block if r.module == "attention.wq"]
-    assert [(r.made_by, r.shape, r.count) for r in gathered] == [("RedistributeBackward", (128, 64), 1)]
+    for module in ("attention", "feed_forward"):
+        shards = [r for r in saved.block if r.module == module and r.made_by == "_ToTorchTensorBackward"]
+        assert [(r.shape, r.count) for r in shards] == [((2, 32, 64), 1)], saved.block
+    assert not [r for r in saved.block if r.made_by == "RedistributeBackward" or r.shape == (128, 64)]
     assert saved.tokens == (2, 64)
     assert saved.block_bytes == sum(r.nbytes for r in saved.block) > 0
     assert all(not r.module.startswith("layers.") for r in saved.outside)
@@ -113,3 +107,17 @@ def test_by_op_without_dry_run_is_one_line(capsys: pytest.CaptureFixture[str]) -
     assert meshforge(["train", "--by-op", *TINY]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--by-op" in err[0] and "--dry-run" in err[0]
+
+
+def test_lean_saves_false_keeps_dtensors_gathered_saves_under_sequence_parallel() -> None:
+    flags = ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "none"]
+    cfg = load_config(
+        None, [*TINY, *flags, "--training.mixed_precision_param", "bfloat16", "--model.lean_saves", "false"]
+    )
+    args = resolve_model_args(cfg.model, cfg.training.seq_len)
+    saved = saved_by_op(cfg, 2, args, ParallelDims.from_config(cfg.parallelism, 2))
+    gathered = [(r.module, r.made_by, r.shape) for r in saved.block if r.made_by == "RedistributeBackward"]
+    assert gathered == [
+        ("attention.wq", "RedistributeBackward", (128, 64)),
+        ("feed_forward.w1", "RedistributeBackward", (128, 64)),
+    ]

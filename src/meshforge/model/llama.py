@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,8 @@ from meshforge.model.lean import rms_norm, rms_norm_reference, silu_mul
 from meshforge.model.loss import chunked_cross_entropy
 from meshforge.model.moe import MoE
 
+Projections = Callable[[torch.Tensor, list[nn.Linear]], tuple[torch.Tensor, ...]]
+"""(input, linears) -> each linear's output: how a parallel layout applies linears sharing one input."""
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 
 
@@ -104,13 +107,15 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, args.norm_eps, args.lean_saves) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.norm_eps, args.lean_saves) if args.qk_norm else None
         self.sdpa = CausalSDPA()
+        self.project: Projections | None = None
+        """Set under sequence parallel: wq/wk/wv applied to the sequence shard (parallel/sequence_shard_saves.py)."""
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: DocumentMask = None) -> torch.Tensor:
         batch, seq, _ = x.shape
+        linears = [self.wq, self.wk, self.wv]
+        q, k, v = self.project(x, linears) if self.project is not None else (f(x) for f in linears)
         # -1 instead of the head count: under tensor parallelism each rank holds a slice of the heads
-        q = self.wq(x).view(batch, seq, -1, self.head_dim)
-        k = self.wk(x).view(batch, seq, -1, self.head_dim)
-        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q, k, v = (t.view(batch, seq, -1, self.head_dim) for t in (q, k, v))
         if self.q_norm is not None and self.k_norm is not None:  # (batch, seq, heads, head_dim), per head
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
@@ -129,11 +134,12 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.project: Projections | None = None
+        """Set under sequence parallel: w1/w3 applied to the sequence shard (parallel/sequence_shard_saves.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.lean:
-            return self.w2(silu_mul(self.w1(x), self.w3(x)))
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        a, b = self.project(x, [self.w1, self.w3]) if self.project is not None else (self.w1(x), self.w3(x))
+        return self.w2(silu_mul(a, b) if self.lean else F.silu(a) * b)
 
 
 def build_feed_forward(layer_id: int, args: ModelArgs) -> nn.Module:

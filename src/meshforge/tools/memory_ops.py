@@ -90,6 +90,7 @@ class SaveRecorder:
         self.modules: list[str] = []
         self.seen: dict[int, Any] = {}  # storage id -> the storage (kept alive so ids are not reused)
         self.rows: dict[tuple[str, str, str], SavedRow] = {}
+        self.model: nn.Module | None = None
 
     def watch(self, model: nn.Module) -> list[Any]:
         """Forward hooks that keep ``self.modules`` the stack of running modules (canonical names)."""
@@ -113,7 +114,7 @@ class SaveRecorder:
             return t
         storage = local_tensor(t).untyped_storage()
         key = storage._cdata
-        if key in self.seen:
+        if key in self.seen or key in self.parameter_storages():
             return t
         self.seen[key] = storage
         module = self.modules[-1] if self.modules else ""
@@ -127,8 +128,15 @@ class SaveRecorder:
         row.count += 1
         return t
 
+    def parameter_storages(self) -> set[int]:
+        """The storages of the parameters as forward sees them now (FSDP's unsharded ones included): a parameter's
+        local shard taken with ``to_local()`` is no activation either."""
+        params = self.model.parameters() if self.model is not None else ()
+        return {local_tensor(p).untyped_storage()._cdata for p in params}
+
     @contextlib.contextmanager
     def recording(self, model: nn.Module) -> Iterator[None]:
+        self.model = model
         handles = self.watch(model)
         try:
             with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
