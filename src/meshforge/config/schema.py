@@ -68,6 +68,10 @@ class Model:
     """MoE flavors: expert-bias step of auxiliary-loss-free balancing (0 turns it off; -1: the flavor's)."""
     moe_aux_loss_coeff: float = -1.0
     """MoE flavors: weight of the sequence-wise auxiliary balance loss (0 turns it off; -1: the flavor's)."""
+    lean_saves: bool = True
+    """RMSNorm keeps its input and rstd, SwiGLU its two matmul outputs (silu recomputed in backward), and under
+    sequence parallel the q/k/v and w1/w3 matmuls keep the sequence shard (all-gathered again in backward): exact, no
+    matmul recomputed (model/lean.py, parallel/sequence_shard_saves.py). false: torch autograd's op-by-op saves."""
 
 
 @dataclass

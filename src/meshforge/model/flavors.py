@@ -32,6 +32,10 @@ class ModelArgs:
     """Biases on the q, k and v projections (Qwen2)."""
     qk_norm: bool = False
     """RMSNorm over each head of q and k before RoPE (Qwen3)."""
+    lean_saves: bool = True
+    """RMSNorm and SwiGLU save only what backward needs without recomputing a matmul (model/lean.py), and under
+    sequence parallel the column-parallel matmuls save the sequence shard (parallel/sequence_shard_saves.py); False:
+    the op-by-op saves of torch autograd and DTensor (the reference of the parity tests)."""
     rope_scaling_factor: float = 8.0
     """Llama 3 RoPE scaling (used when use_scaled_rope): factor, low/high frequency factors, original context."""
     rope_low_freq_factor: float = 1.0

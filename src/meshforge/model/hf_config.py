@@ -156,6 +156,8 @@ def resolve_model_args(model: Model, seq_len: int) -> ModelArgs:
         changes["ffn_dim"] = None
     if model.head_dim:
         changes["explicit_head_dim"] = model.head_dim
+    if not model.lean_saves:
+        changes["lean_saves"] = False
     if model.tie_embeddings != "auto":
         changes["tie_embeddings"] = model.tie_embeddings == "true"
     if model.rope_scaling_factor:

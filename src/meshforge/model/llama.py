@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import zlib
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from torch import nn
 from meshforge.errors import ConfigError
 from meshforge.model.document_mask import DocumentMask, build_document_mask, masked_attention
 from meshforge.model.flavors import ModelArgs
+from meshforge.model.lean import rms_norm, rms_norm_reference, silu_mul
 from meshforge.model.loss import chunked_cross_entropy
 from meshforge.model.moe import MoE
 
@@ -27,6 +29,8 @@ try:  # torch's local tensors (meshforge train --local-ranks); a torch without t
 except ImportError:  # pragma: no cover - a torch without local tensors
     one_draw = contextlib.nullcontext  # type: ignore[assignment]
 
+Projections = Callable[[torch.Tensor, list[nn.Linear]], tuple[torch.Tensor, ...]]
+"""(input, linears) -> each linear's output: how a parallel layout applies linears sharing one input."""
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 
 
@@ -74,14 +78,15 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """RMSNorm over the last dim; ``lean``: saving the input and rstd only (model/lean.py)."""
+
+    def __init__(self, dim: int, eps: float, lean: bool = True) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.lean = eps, lean
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        return (rms_norm if self.lean else rms_norm_reference)(x, self.weight, self.eps)
 
 
 class CausalSDPA(nn.Module):
@@ -105,16 +110,18 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=args.qkv_bias)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
         # Qwen3: one RMSNorm over head_dim shared by every head of q (and one of k), applied before RoPE
-        self.q_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
+        self.q_norm = RMSNorm(self.head_dim, args.norm_eps, args.lean_saves) if args.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, args.norm_eps, args.lean_saves) if args.qk_norm else None
         self.sdpa = CausalSDPA()
+        self.project: Projections | None = None
+        """Set under sequence parallel: wq/wk/wv applied to the sequence shard (parallel/sequence_shard_saves.py)."""
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: DocumentMask = None) -> torch.Tensor:
         batch, seq, _ = x.shape
+        linears = [self.wq, self.wk, self.wv]
+        q, k, v = self.project(x, linears) if self.project is not None else (f(x) for f in linears)
         # -1 instead of the head count: under tensor parallelism each rank holds a slice of the heads
-        q = self.wq(x).view(batch, seq, -1, self.head_dim)
-        k = self.wk(x).view(batch, seq, -1, self.head_dim)
-        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q, k, v = (t.view(batch, seq, -1, self.head_dim) for t in (q, k, v))
         if self.q_norm is not None and self.k_norm is not None:  # (batch, seq, heads, head_dim), per head
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
@@ -125,23 +132,30 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int) -> None:
+    """SwiGLU; ``lean``: the gate saves the two matmul outputs and recomputes silu in backward (model/lean.py)."""
+
+    def __init__(self, dim: int, hidden_dim: int, lean: bool = True) -> None:
         super().__init__()
+        self.lean = lean
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.project: Projections | None = None
+        """Set under sequence parallel: w1/w3 applied to the sequence shard (parallel/sequence_shard_saves.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        a, b = self.project(x, [self.w1, self.w3]) if self.project is not None else (self.w1(x), self.w3(x))
+        return self.w2(silu_mul(a, b) if self.lean else F.silu(a) * b)
 
 
 def build_feed_forward(layer_id: int, args: ModelArgs) -> nn.Module:
     """Block ``layer_id``'s feed-forward: MoE where the flavor asks for it (model/moe.py), a dense SwiGLU otherwise."""
     if not args.is_moe:
-        return FeedForward(args.dim, args.ffn_hidden_dim)
+        return FeedForward(args.dim, args.ffn_hidden_dim, args.lean_saves)
     if not args.is_moe_layer(layer_id):
-        return FeedForward(args.dim, args.dense_ffn_dim or args.ffn_hidden_dim)
-    shared = FeedForward(args.dim, args.moe_ffn_dim * args.n_shared_experts) if args.n_shared_experts else None
+        return FeedForward(args.dim, args.dense_ffn_dim or args.ffn_hidden_dim, args.lean_saves)
+    hidden = args.moe_ffn_dim * args.n_shared_experts
+    shared = FeedForward(args.dim, hidden, args.lean_saves) if args.n_shared_experts else None
     return MoE(args, shared)
 
 
@@ -149,9 +163,9 @@ class TransformerBlock(nn.Module):
     def __init__(self, layer_id: int, args: ModelArgs) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps, args.lean_saves)
         self.attention = Attention(args)
-        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps, args.lean_saves)
         self.feed_forward = build_feed_forward(layer_id, args)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: DocumentMask = None) -> torch.Tensor:
@@ -168,7 +182,7 @@ class Transformer(nn.Module):
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
-        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps, args.lean_saves)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:  # one Parameter under two names; named_parameters() yields it once (the embedding)
             self.output.weight = self.tok_embeddings.weight

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshforge.model.flavors import ModelArgs
+from meshforge.model.lean import silu_mul
 
 
 class Router(nn.Module):
@@ -75,23 +76,28 @@ def grouped_mm_supported(x: torch.Tensor, *weights: torch.Tensor) -> bool:
     return all(w.shape[-1] % align == 0 for w in weights)
 
 
+def gate(a: torch.Tensor, b: torch.Tensor, lean: bool = True) -> torch.Tensor:
+    """silu(a) * b; ``lean``: saving a and b only, silu recomputed in backward (model/lean.py, bit-identical)."""
+    return silu_mul(a, b) if lean else F.silu(a) * b
+
+
 def swiglu_grouped_mm(
-    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, counts: torch.Tensor
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, counts: torch.Tensor, lean: bool = True
 ) -> torch.Tensor:
     """Experts' SwiGLU on tokens grouped by expert: x (tokens, dim), w1/w3 (experts, hidden, dim), w2 (experts, dim,
     hidden), counts (experts,) -> (tokens, dim). One grouped GEMM per projection, no host sync."""
     offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    h = F.silu(torch._grouped_mm(x, w1.transpose(-2, -1), offs)) * torch._grouped_mm(x, w3.transpose(-2, -1), offs)
-    return torch._grouped_mm(h, w2.transpose(-2, -1), offs)
+    a, b = (torch._grouped_mm(x, w.transpose(-2, -1), offs) for w in (w1, w3))
+    return torch._grouped_mm(gate(a, b, lean), w2.transpose(-2, -1), offs)
 
 
 def swiglu_loop(
-    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, counts: torch.Tensor
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, counts: torch.Tensor, lean: bool = True
 ) -> torch.Tensor:
     """The same as :func:`swiglu_grouped_mm` with one matmul per expert (a host sync for the group sizes)."""
     outs = []
     for e, chunk in enumerate(torch.split(x, counts.tolist(), dim=0)):
-        outs.append((F.silu(chunk @ w1[e].T) * (chunk @ w3[e].T)) @ w2[e].T)
+        outs.append(gate(chunk @ w1[e].T, chunk @ w3[e].T, lean) @ w2[e].T)
     return torch.cat(outs, dim=0) if outs else x.new_zeros(0, w2.shape[1])
 
 
@@ -102,8 +108,9 @@ class GroupedExperts(nn.Module):
     experts, so ``counts`` has one entry per local expert.
     """
 
-    def __init__(self, dim: int, hidden_dim: int, n_experts: int) -> None:
+    def __init__(self, dim: int, hidden_dim: int, n_experts: int, lean: bool = True) -> None:
         super().__init__()
+        self.lean = lean
         self.w1 = nn.Parameter(torch.empty(n_experts, hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden_dim))
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden_dim, dim))
@@ -121,8 +128,8 @@ class GroupedExperts(nn.Module):
             dtype = torch.get_autocast_dtype(x.device.type)
             x, w1, w2, w3 = x.to(dtype), w1.to(dtype), w2.to(dtype), w3.to(dtype)
         if self.use_grouped_mm and grouped_mm_supported(x, w1, w3) and grouped_mm_supported(x.new_empty(0, 1), w2):
-            return swiglu_grouped_mm(x, w1, w2, w3, counts)
-        return swiglu_loop(x, w1, w2, w3, counts)
+            return swiglu_grouped_mm(x, w1, w2, w3, counts, self.lean)
+        return swiglu_loop(x, w1, w2, w3, counts, self.lean)
 
 
 class ScaleGrad(torch.autograd.Function):
@@ -171,7 +178,7 @@ class MoE(nn.Module):
         self.n_experts, self.top_k = args.n_routed_experts, args.top_k
         self.aux_loss_coeff = args.aux_loss_coeff
         self.router = Router(args)
-        self.experts = GroupedExperts(args.dim, args.moe_ffn_dim, args.n_routed_experts)
+        self.experts = GroupedExperts(args.dim, args.moe_ffn_dim, args.n_routed_experts, args.lean_saves)
         self.shared_experts = shared_experts  # a dense SwiGLU of width n_shared_experts x moe_ffn_dim, or None
         self.expert_bias: torch.Tensor | None
         if args.load_balance_coeff > 0:

@@ -7,6 +7,8 @@ Plans are literal dicts, one for the model's root modules and one per transforme
 * feed-forward: ``w1``/``w3`` column-wise, ``w2`` row-wise;
 * sequence parallel (on by default): the residual stream and the norms are split along the sequence (``Shard(1)``);
   the inputs of attention and feed-forward are all-gathered, their row-wise outputs reduce-scattered;
+* lean saves (``model.lean_saves``, on by default): under sequence parallel, wq/wk/wv and w1/w3 save the sequence
+  shard of their input and all-gather it again in backward (parallel/sequence_shard_saves.py);
 * loss parallel (on unless ``parallelism.disable_loss_parallel``): the output projection leaves the logits
   vocab-sharded (``Shard(-1)``) and the cross-entropy runs inside model/loss.py's ``loss_parallel_context``;
 * Float8 (tensorwise) blocks use torchao's Float8 styles, so the all-gathers of activations move Float8 bytes;
@@ -35,6 +37,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from meshforge.errors import ConfigError
 from meshforge.model.moe import MoE
 from meshforge.parallel.float8 import torchao
+from meshforge.parallel.sequence_shard_saves import GatheredProjections
 
 
 def apply_tp(
@@ -69,6 +72,8 @@ def apply_tp(
             plan = moe_block_plan(plan, block.feed_forward, sequence_parallel=sequence_parallel)  # type: ignore[arg-type]
         if getattr(block.attention, "q_norm", None) is not None:
             plan.update(head_norm_plan())
+        if sequence_parallel and getattr(getattr(model, "args", None), "lean_saves", True):
+            save_sequence_shards(block, plan, tp_mesh)
         parallelize_module(block, tp_mesh, plan)
     if async_tp:
         enable_async_tp(tp_mesh)
@@ -135,6 +140,19 @@ def block_plan(*, sequence_parallel: bool, float8: bool) -> dict[str, ParallelSt
         "feed_forward.w2": rowwise(output_layouts=Shard(1)),
         "feed_forward.w3": colwise(),
     }
+
+
+def save_sequence_shards(block: nn.Module, plan: dict[str, ParallelStyle], tp_mesh: DeviceMesh) -> None:
+    """Under sequence parallel, let attention and the dense feed-forward apply their column-parallel projections to
+    the sequence shard, saving it instead of the gathered input (parallel/sequence_shard_saves.py): their input
+    gathers leave the plan. Only for plain ``nn.Linear`` projections without bias (Float8 linears and Qwen2's q/k/v
+    biases keep the DTensor styles)."""
+    for name, linears in (("attention", ("wq", "wk", "wv")), ("feed_forward", ("w1", "w3"))):
+        module = getattr(block, name)
+        layers = [getattr(module, n, None) for n in linears]
+        if all(type(layer) is nn.Linear and layer.bias is None for layer in layers) and name in plan:
+            del plan[name]
+            module.project = GatheredProjections(tp_mesh)
 
 
 def moe_block_plan(plan: dict[str, ParallelStyle], moe: MoE, *, sequence_parallel: bool) -> dict[str, ParallelStyle]:

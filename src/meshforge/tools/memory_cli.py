@@ -14,6 +14,7 @@ from meshforge.config.schema import JobConfig
 from meshforge.errors import ConfigError
 from meshforge.model.hf_config import resolve_model_args
 from meshforge.tools.dry_run import DryRun, format_report, plan
+from meshforge.tools.memory_ops import SavedByOp, format_by_op, saved_by_op
 from meshforge.tools.memory_pp import pp_memory_run
 from meshforge.tools.memory_run import MemoryRun, format_memory, memory_run
 
@@ -53,16 +54,41 @@ def exact_memory(cfg: JobConfig, world_size: int) -> tuple[DryRun, MemoryRun]:
     return report, run
 
 
-def dry_run_memory(cfg: JobConfig, world_size: int, *, as_json: bool = False) -> int:
-    """Print the layout and the exact peak by category (and one JSON record); 0, or 2 with one line."""
+def exact_saves(cfg: JobConfig, world_size: int) -> tuple[DryRun, SavedByOp, list[str]]:
+    """The dry run's report, rank 0's saved activations of one block-micro-batch by op (tools/memory_ops.py) and
+    the notes on what the step changed."""
+    report = plan(cfg, world_size)
+    step_cfg, notes = runnable(cfg, report)
+    args = resolve_model_args(step_cfg.model, step_cfg.training.seq_len)
+    if step_cfg.activation_checkpoint.mode != "none":
+        notes.append(
+            f"activation_checkpoint.mode = {step_cfg.activation_checkpoint.mode}: the checkpoint holds what its "
+            "regions save, --by-op sees only the rest (mode none shows every save)"
+        )
+    return report, saved_by_op(step_cfg, world_size, args, report.dims), notes
+
+
+def dry_run_memory(
+    cfg: JobConfig, world_size: int, *, as_json: bool = False, peak: bool = True, by_op: bool = False
+) -> int:
+    """Print the layout, the exact peak by category (``peak``) and the saved activations by op (``by_op``), and
+    with ``as_json`` one JSON record; 0, or 2 with one line."""
     try:
-        report, run = exact_memory(cfg, world_size)
+        report, run = exact_memory(cfg, world_size) if peak else (plan(cfg, world_size), None)
+        saves = exact_saves(cfg, world_size) if by_op else None
     except ConfigError as exc:
         print(f"meshforge train --dry-run --memory: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(report))
-    print(format_memory(run))
+    record: dict[str, object] = {"flavor": report.flavor, "world_size": world_size, "layout": str(report.dims)}
+    if run is not None:
+        print(format_memory(run))
+        record.update(run.record())
+    if saves is not None:
+        print(format_by_op(saves[1]))
+        for note in saves[2]:
+            print(f"note: {note}")
+        record["saved_by_op"] = saves[1].record()
     if as_json:
-        record = {"flavor": report.flavor, "world_size": world_size, "layout": str(report.dims), **run.record()}
         print(json.dumps(record))
     return 0

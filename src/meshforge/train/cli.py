@@ -19,6 +19,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--world-size", type=int, default=0, help="world size for --dry-run")
     parser.add_argument("--memory", action="store_true", help="--dry-run: exact peak memory of a fake-tensor step")
     parser.add_argument("--json", action="store_true", help="--dry-run --memory: also print one JSON record")
+    parser.add_argument(
+        "--by-op", action="store_true", help="--dry-run: one block-micro-batch's saved activations by op"
+    )
     return parser.parse_known_args(argv)
 
 
@@ -60,13 +63,16 @@ def main(argv: list[str]) -> int:
     cfg = load_config(args.config, overrides)  # config errors surface before any process starts
     if args.nproc < 0:
         raise ConfigError(f"--nproc {args.nproc} must be >= 1")
+    if (args.memory or args.by_op) and not args.dry_run:
+        flag = "--memory" if args.memory else "--by-op"
+        raise ConfigError(f"{flag} measures a fake-tensor step and needs --dry-run --world-size N; add --dry-run")
     if args.dry_run:
         from meshforge.tools.dry_run import dry_run
 
-        if args.memory:
+        if args.memory or args.by_op:
             from meshforge.tools.memory_cli import dry_run_memory
 
-            return dry_run_memory(cfg, args.world_size, as_json=args.json)
+            return dry_run_memory(cfg, args.world_size, as_json=args.json, peak=args.memory, by_op=args.by_op)
         return dry_run(cfg, args.world_size)
     if cfg.fault_tolerance.enable and cfg.fault_tolerance.local_replicas and not args.nproc:
         raise ConfigError(

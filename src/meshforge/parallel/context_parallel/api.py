@@ -12,7 +12,7 @@ from torch.distributed import _functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshforge.config.io import ConfigError
-from meshforge.parallel.context_parallel.blocks import Block, attend, attend_backward, kernel_for
+from meshforge.parallel.context_parallel.blocks import Block, attend, attend_backward, cat_seq_major, kernel_for
 from meshforge.parallel.context_parallel.ring import RingAttention
 from meshforge.parallel.local_ranks import each_rank
 
@@ -87,7 +87,7 @@ def _gathered_forward(
         outs.append(out)
         lses.append(lse)
         auxes.append(aux)
-    return torch.cat(outs, dim=2), torch.cat(lses, dim=2), auxes
+    return cat_seq_major(outs), torch.cat(lses, dim=2), auxes  # wo's input is a view of it (blocks.py)
 
 
 @each_rank

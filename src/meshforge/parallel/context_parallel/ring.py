@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshforge.parallel.context_parallel.blocks import Partial, kernel_for
+from meshforge.parallel.context_parallel.blocks import Partial, cat_seq_major, kernel_for
 
 KV_TAG, GRAD_TAG = 0, 1
 
@@ -76,7 +76,7 @@ class _RingAttentionFn(torch.autograd.Function):
                 partials[i].add(out, lse)
             wait(works)
             kv = incoming
-        out = torch.cat([p.out for p in partials if p.out is not None], dim=2).to(q.dtype)
+        out = cat_seq_major([p.out for p in partials if p.out is not None]).to(q.dtype)
         lse = torch.cat([p.lse for p in partials if p.lse is not None], dim=2)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring, ctx.auxes = ring, auxes  # type: ignore[attr-defined]
