@@ -201,6 +201,7 @@ def build_model_parts(
         compile_cfg=cfg.compile,
         float8=cfg.quantize.dense.float8,
         expert_mesh=dims.build_expert_mesh(mesh),
+        accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
     )
     if dims.pp > 1:
         from meshforge.parallel.pipeline.stage import build_pipeline
