@@ -47,22 +47,26 @@ def batches() -> list[torch.Tensor]:
     return [torch.randn(16, DIM, generator=gen) for _ in range(STEPS)]
 
 
-def micro_gradients(init: dict[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
-    """Each micro-step's bf16 gradient, from a plain bf16 copy of the model (what FSDP's bf16 backward computes)."""
+def micro_gradients(
+    init: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16
+) -> dict[str, list[torch.Tensor]]:
+    """Each micro-step's gradient, from a plain copy of the model in ``dtype`` (what FSDP's backward computes)."""
     plain = Tiny()
     plain.load_state_dict(init)
-    plain.to(torch.bfloat16)
+    plain.to(dtype)
     out: dict[str, list[torch.Tensor]] = {n: [] for n, _ in plain.named_parameters()}
     for x in batches():
         plain.zero_grad(set_to_none=True)
-        (plain(x.to(torch.bfloat16)).float().square().mean() / STEPS).backward()
+        (plain(x.to(dtype)).float().square().mean() / STEPS).backward()
         for n, p in plain.named_parameters():
-            assert p.grad is not None and p.grad.dtype == torch.bfloat16
+            assert p.grad is not None and p.grad.dtype == dtype
             out[n].append(p.grad.clone())
     return out
 
 
-def accumulated(reduce: str, accumulate: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def accumulated(
+    reduce: str, accumulate: str, param: str = "bfloat16"
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(the FSDP step's fp32 sharded gradients, the initial weights) after STEPS micro-steps of one exchange."""
     torch.manual_seed(0)
     model = Tiny()
@@ -71,7 +75,7 @@ def accumulated(reduce: str, accumulate: str) -> tuple[dict[str, torch.Tensor], 
     apply_fsdp(
         model,
         mesh,
-        param_dtype="bfloat16",
+        param_dtype=param,
         reduce_dtype=reduce,
         reshard_after_forward=True,
         accumulate_dtype=accumulate,
@@ -125,3 +129,13 @@ def test_fp32_reduce_gives_the_fp32_sum_and_bf16_accumulation_the_bf16_running_s
     bf16 = sums(micro, torch.bfloat16)
     assert not (bad := differ(asked, bf16, 1e-6)), f"accumulate_dtype bfloat16: not the bf16 running sum: {bad}"
     assert differ(bf16, sums(micro, torch.float32), 1e-4), "the test cannot tell a bf16 sum from an fp32 one"
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_fp32_parameters_sum_in_fp32_under_a_bf16_reduce_whatever_is_asked() -> None:
+    """FSDP's own no-sync path would down-cast fp32 parameters' gradients to a bf16 reduce dtype as they arrive."""
+    for accumulate in ("float32", "bfloat16"):
+        got, init = accumulated("bfloat16", accumulate, param="float32")
+        fp32 = sums(micro_gradients(init, torch.float32), torch.float32)
+        want = {n: w.to(torch.bfloat16).float() for n, w in fp32.items()}  # the one bf16 exchange
+        assert not (bad := differ(got, want, 1e-6)), f"fp32 parameters, accumulate {accumulate}: not fp32 summed: {bad}"

@@ -6,6 +6,7 @@ device, fake process group) equal the planner's accumulated term for that layout
 from __future__ import annotations
 
 import dataclasses
+import resource
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -85,3 +86,26 @@ def test_training_counts_the_unsharded_gradients_the_planner_prices(overrides: l
     with parallelized(args, world=world) as parts:
         counted = grad_accum.gradient_bytes(parts[0], dtype)
     assert counted == pytest.approx(priced, rel=1e-9), (counted, priced, dtype)
+
+
+def test_trainings_cuda_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA readings, stubbed (no GPU here): the step's peak (+ a fresh run's optimizer state), the total as the
+    capacity, what is outside the allocator (total - free - reserved) as the reserve, max reserved / max allocated - 1
+    as the slack."""
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 50 * GIB)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 55 * GIB)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 52 * GIB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (25 * GIB, 80 * GIB))
+    need, budget = grad_accum.measured(torch.device("cuda"), 20 * GIB, 3 * GIB)
+    assert need == Need(20 * GIB, 53 * GIB)
+    assert budget == Budget(80 * GIB, 3 * GIB, pytest.approx(0.1))  # type: ignore[arg-type]
+    assert not once_fits(need, budget)  # 73 x 1.1 + 3 = 83.3 GiB
+
+
+def test_trainings_cpu_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU: this process's peak resident memory, the host's memory over the ranks on it, no reserve or slack."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    need, budget = grad_accum.measured(torch.device("cpu"), GIB, 0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert need.gradients == GIB and 0 < need.rest <= rss
+    assert budget == Budget(grad_accum.host_memory() / 4)

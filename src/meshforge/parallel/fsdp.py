@@ -75,7 +75,8 @@ def accumulate_in(model: nn.Module, dtype: torch.dtype) -> None:
     as they arrive, but clamps that to None when it equals the parameter dtype (FSDPParam.init_dtype_attrs): with
     bf16 parameters and a bf16 reduce the micro-steps were summed in bf16. Its lazy initialization (the root's first
     forward) sets those dtypes, so a forward pre-hook that runs after FSDP's sets, on every FSDP module of ``model``,
-    each parameter's up-cast dtype (none where the gradient already has ``dtype``) and the group's reduce dtype
+    each parameter's up-cast dtype (none where the gradient already has ``dtype`` or is fp32: FSDP would otherwise
+    sum fp32 parameters' gradients in a bf16 reduce dtype) and the group's reduce dtype
     (the policy's, which FSDP's clamp would otherwise let the accumulated dtype decide). Idempotent, every forward."""
 
     def hook(*_: Any) -> None:
@@ -84,8 +85,8 @@ def accumulate_in(model: nn.Module, dtype: torch.dtype) -> None:
             if group is None:
                 continue
             for param in group.fsdp_params:
-                compute = param.param_dtype or param.orig_dtype
-                param.reduce_dtype = None if dtype == compute else dtype
+                compute = param.param_dtype or param.orig_dtype  # fp32 gradients are summed in fp32
+                param.reduce_dtype = None if compute in (dtype, torch.float32) else dtype
             group._reduce_dtype = group.mp_policy.reduce_dtype or group.mp_policy.param_dtype or group._orig_dtype
 
     model.register_forward_pre_hook(hook)
