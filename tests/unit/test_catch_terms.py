@@ -6,6 +6,8 @@ plan/shipped.py would absorb."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from meshforge.model.flavors import get_flavor
@@ -66,13 +68,19 @@ def test_loss_bytes_in_each_dtype_at_each_tp(dtype: str, e: int, tp: int) -> Non
     assert peak.loss_bytes(get_flavor("8B"), lay, tokens) == pytest.approx(want, rel=1e-12)
 
 
-@pytest.mark.parametrize(("reduce_dtype", "r"), [("bfloat16", 2), ("float32", 4)])
+@pytest.mark.parametrize("reduce_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("accumulate_dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize(("param_dtype", "e"), [("bfloat16", 2), ("float32", 4)])
-def test_pipeline_buffers_in_each_dtype_at_tp_and_pp(reduce_dtype: str, r: int, param_dtype: str, e: int) -> None:
+def test_pipeline_buffers_in_each_dtype_at_tp_and_pp(
+    reduce_dtype: str, accumulate_dtype: str, param_dtype: str, e: int
+) -> None:
     """A pipeline rank under FSDP x TP: its send / receive buffers (2 per stage, microbatch x seq x dim activations
-    in the param dtype, / tp) and the microbatches' accumulated unsharded gradients in the reduce dtype."""
+    in the param dtype, / tp) and the microbatches' accumulated unsharded gradients in gradient_sync.accumulate_dtype
+    whatever the reduce dtype (fp32 parameters: fp32; parallel/fsdp.py accumulate_in)."""
     args = get_flavor("8B")
     lay = layout(tp=2, pp=2, dp_shard=2, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    lay = dataclasses.replace(lay, accumulate_dtype=accumulate_dtype)
+    r = 2 if accumulate_dtype == "bfloat16" and param_dtype == "bfloat16" else 4
     parts = RankParts(layers=16, embedding=False, head=False, stage_layers=(16,))
     g = peak._gathered(args, lay, parts)
     assert g.p2p == 2 * 1 * 8192 * DIM * e / 2

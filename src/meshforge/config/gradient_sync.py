@@ -10,6 +10,7 @@ from meshforge.errors import ConfigError
 
 MODES = ("auto", "every_microstep", "once_per_step")
 REGATHER = ("auto", "reshard", "keep")
+ACCUMULATE = ("float32", "bfloat16")
 
 
 @dataclass
@@ -19,10 +20,13 @@ class GradientSync:
     mode: Literal["auto", "every_microstep", "once_per_step"] = "auto"
     """once_per_step: the micro-steps before the last accumulate full (unsharded) gradients locally, the last one
     reduce-scatters them (and all-reduces across HSDP replicas) once: 1 / gradient_accumulation_steps of the
-    gradient traffic, for one unsharded gradient copy of the FSDP-sharded parameters in memory. every_microstep:
-    FSDP's default (sharded gradients, one exchange per micro-step). auto: once_per_step when
-    training.gradient_accumulation_steps > 1. Pipeline parallel: the schedule runs before the last skip their
-    closing reduction (torch's schedule already skips it between its own microbatches)."""
+    gradient traffic, for one unsharded gradient copy of the FSDP-sharded parameters in memory (in accumulate_dtype).
+    every_microstep: FSDP's default (sharded gradients, one exchange per micro-step). auto, under
+    training.gradient_accumulation_steps > 1: decided by memory, the rule the planner prices
+    (parallel/accumulation.py): the first step exchanges every micro-step and is measured; from the second,
+    once_per_step where that peak plus the unsharded gradients fits the device, else every_microstep
+    (train/grad_accum.py). Pipeline parallel: the schedule runs before the last skip their closing reduction
+    (torch's schedule already skips it between its own microbatches; auto takes it, at no memory cost)."""
     regather: Literal["auto", "reshard", "keep"] = "auto"
     """Under once_per_step, whether parameters stay gathered after a non-last micro-step's backward (keep: the next
     micro-step's forward all-gather is saved, for the unsharded parameters in memory until the step's last backward)
@@ -30,12 +34,22 @@ class GradientSync:
     peak plus the gathered parameters (at the measured fragmentation) plus the memory outside the allocator (at least
     1.5 GiB: context, NCCL) fit the device on every rank, re-decided on each log step while kept (train/regather.py;
     a CPU: reshard)."""
+    accumulate_dtype: Literal["float32", "bfloat16"] = "float32"
+    """The dtype the unsharded gradients of micro-steps (or pipeline microbatches) that skip the exchange are summed
+    in, whatever training.mixed_precision_reduce is: float32 (bf16 gradients are up-cast as they arrive; with a
+    bfloat16 reduce the sum is rounded to bf16 once, for the one exchange) or bfloat16 (half the memory, a bf16
+    rounding per micro-step: NeMo's recipes' grad_sync_dtype bf16). Only with bf16 (or fp16) parameters: fp32
+    parameters compute fp32 gradients and sum them in fp32 (parallel/fsdp.py ``accumulate_in``)."""
 
     def validate(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"gradient_sync.mode = {self.mode!r}: use one of {', '.join(MODES)}")
         if self.regather not in REGATHER:
             raise ConfigError(f"gradient_sync.regather = {self.regather!r}: use one of {', '.join(REGATHER)}")
+        if self.accumulate_dtype not in ACCUMULATE:
+            raise ConfigError(
+                f"gradient_sync.accumulate_dtype = {self.accumulate_dtype!r}: use one of {', '.join(ACCUMULATE)}"
+            )
         if self.regather == "keep" and self.mode == "every_microstep":
             raise ConfigError(
                 "gradient_sync.regather = 'keep' has no effect with gradient_sync.mode = 'every_microstep' (parameters "

@@ -7,11 +7,12 @@ micro-steps before the last run with ``set_requires_gradient_sync(False)``: each
 replicas) the sum once. ``regather = keep`` also leaves the parameters gathered after a non-last backward
 (``set_reshard_after_backward(False)``), so the next forward does not all-gather them again.
 
-Memory, per rank: an unsharded gradient of every FSDP-managed parameter (the model's size / tp / pp in the gradient
-dtype, instead of 1 / dp of it), plus, with ``keep``, the unsharded parameters between micro-steps. Pipeline parallel:
-torch's schedule already skips the exchange between its own microbatches and reduces once per schedule run
-(torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync`` / ``perform_reduce_grad``); under gradient
-accumulation the runs before the last skip that reduction, so it too happens once per optimizer step.
+Memory, per rank: an unsharded gradient of every FSDP-managed parameter (the model's size / tp / pp in
+gradient_sync.accumulate_dtype, parallel/fsdp.py ``accumulate_in``, instead of 1 / dp of it), plus, with ``keep``,
+the unsharded parameters between micro-steps. ``auto`` takes it where that fits (parallel/accumulation.py).
+Pipeline parallel: torch's schedule already skips the exchange between its own microbatches and reduces once per
+schedule run (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync`` / ``perform_reduce_grad``); under
+gradient accumulation the runs before the last skip that reduction, so it too happens once per optimizer step.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 
 
 def once_per_step(cfg: GradientSync, accumulation_steps: int) -> bool:
-    """Whether the micro-steps before the last skip the gradient exchange (auto: under gradient accumulation)."""
-    # once_per_step, or auto with gradient accumulation (the planner may choose per memory later)
+    """Whether the configuration lets the micro-steps before the last skip the gradient exchange: once_per_step, or
+    auto under gradient accumulation (training decides auto by memory after its first step, train/grad_accum.py
+    ``step_once``; the exact memory tool prices it as once per step, the larger peak)."""
     return not (accumulation_steps == 1 or cfg.mode == "every_microstep")
 
 

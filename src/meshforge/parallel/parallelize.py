@@ -86,9 +86,11 @@ def parallelize(
     compile_cfg: Compile,
     float8: Float8,
     expert_mesh: DeviceMesh | None = None,
+    accumulate_dtype: str = "float32",
 ) -> None:
     """Apply every enabled strategy to ``model`` in place (parameters stay on the meta device). ``expert_mesh``: the
-    (efsdp, ep) mesh of ParallelDims.build_expert_mesh under expert parallel."""
+    (efsdp, ep) mesh of ParallelDims.build_expert_mesh under expert parallel. ``accumulate_dtype``:
+    gradient_sync.accumulate_dtype (parallel/fsdp.py ``accumulate_in``)."""
     if float8.enable:
         apply_float8(model, float8, fsdp=dims.fsdp_enabled)
     tp_mesh = sub_mesh(mesh, "tp")
@@ -121,4 +123,5 @@ def parallelize(
             reshard_after_forward=resolve_reshard_after_forward(parallelism.fsdp_reshard_after_forward, dims.pp > 1),
             expert_mesh=expert_mesh,
             cpu_offload=training.enable_cpu_offload,
+            accumulate_dtype=accumulate_dtype,
         )

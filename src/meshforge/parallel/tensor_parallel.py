@@ -38,6 +38,7 @@ from meshforge.errors import ConfigError
 from meshforge.model.moe import MoE
 from meshforge.parallel.float8 import torchao
 from meshforge.parallel.sequence_shard_saves import GatheredProjections
+from meshforge.parallel.vocab_embedding import vocab_parallel
 
 
 def apply_tp(
@@ -191,12 +192,20 @@ def head_norm_plan() -> dict[str, ParallelStyle]:
 
 
 class EmbeddingParallel(RowwiseParallel):
-    """RowwiseParallel (vocab rows split) whose output collective completes before the output is handed on.
+    """RowwiseParallel (vocab rows split, looked up on the shard) whose output collective completes before the output
+    is handed on.
 
     The stock style returns an AsyncCollectiveTensor; fed into a torch.compile'd block, its gradient reaches the
     redistribution as a plain tensor ("'Tensor' object has no attribute '_local_tensor'", torch 2.13, TP + compile).
     Nothing could overlap with this collective anyway: the first block needs its result at once.
     """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        """RowwiseParallel's, then the lookup on the vocabulary shard (parallel/vocab_embedding.py: the weight's
+        gradient the shard's size, not the full vocabulary's on every rank)."""
+        module = super()._apply(module, device_mesh)
+        vocab_parallel(module)
+        return module
 
     @staticmethod
     def _prepare_output_fn(

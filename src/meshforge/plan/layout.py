@@ -66,6 +66,9 @@ class Layout:
     regather: str = "reshard"
     param_dtype: str = "bfloat16"
     reduce_dtype: str = "float32"
+    accumulate_dtype: str = "float32"
+    """gradient_sync.accumulate_dtype: the dtype unsharded gradients are summed in between exchanges (bf16 / fp16
+    parameters only; fp32 ones sum in fp32: parallel/fsdp.py ``accumulate_in``)."""
     cp_impl: str = "auto"
     cp_gathers_gqa_kv: bool = False
     """Context parallel all-gathers K/V before they are repeated to the query heads (kv_heads of them: the Llama 3
@@ -203,6 +206,7 @@ def layout_from_config(
         reshard_after_forward=_reshard(par.fsdp_reshard_after_forward, par.pipeline_parallel_degree > 1),
         param_dtype=auto_dtype if cfg.training.mixed_precision_param == "auto" else cfg.training.mixed_precision_param,
         reduce_dtype=cfg.training.mixed_precision_reduce,
+        accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
         cp_impl=par.context_parallel_impl,
         loss_chunks=cfg.training.loss_chunks,
         activation_offload=cfg.activation_checkpoint.offload,

@@ -185,6 +185,7 @@ def build_parts(
         compile_cfg=cfg.compile,
         float8=cfg.quantize.dense.float8,
         expert_mesh=dims.build_expert_mesh(mesh),
+        accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
     )
     model = build_model(args)
     if dims.pp == 1:

@@ -45,16 +45,16 @@ from meshforge.parallel.cpu_offload import banner, check_cpu_offload, materializ
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import LOCAL_BACKEND, DistContext, init_distributed, set_timeouts
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales, resolve_emulation
-from meshforge.parallel.gradient_sync import keep_gathered, once_per_step, set_micro_step
+from meshforge.parallel.gradient_sync import keep_gathered, set_micro_step
 from meshforge.parallel.parallelize import parallelize
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
 from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, saved_global_batch
 from meshforge.train.fault_tolerance import FaultTolerance, data_shard
 from meshforge.train.fault_tolerance import build as build_fault_tolerance
+from meshforge.train.grad_accum import settle, step_once
 from meshforge.train.local_data import build_local_loader as local_loader
 from meshforge.train.moe_balance import balance_experts
 from meshforge.train.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_, step_unless
-from meshforge.train.regather import auto_keep
 from meshforge.train.validate import build_validation_loader, should_validate, validate
 
 if TYPE_CHECKING:  # imported where used: pipelining pulls in dynamo (~1 s), DCP ~0.3 s; most runs need neither
@@ -86,7 +86,10 @@ class TrainState:
     straggler: StragglerDetector = field(default_factory=lambda: StragglerDetector(0.0, console=False))
     save_clock: SaveClock = field(default_factory=lambda: SaveClock(0.0))
     ft: FaultTolerance | None = None  # torchft replica groups (train/fault_tolerance.py)
-    regather_keep: bool = False  # gradient_sync.regather auto: decided after the first step, again while kept
+    regather_keep: bool = (
+        False  # gradient_sync.regather auto: decided after the first step run once per step, again while kept
+    )
+    sync_once: bool | None = None  # gradient_sync.mode auto, decided after the first step (train/grad_accum.py)
 
 
 def setup(cfg: JobConfig) -> TrainState:
@@ -205,6 +208,7 @@ def build_model_parts(
         compile_cfg=cfg.compile,
         float8=cfg.quantize.dense.float8,
         expert_mesh=dims.build_expert_mesh(mesh),
+        accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
     )
     if dims.pp > 1:
         from meshforge.parallel.pipeline.stage import build_pipeline
@@ -283,7 +287,7 @@ def train_step(state: TrainState) -> tuple[torch.Tensor, torch.Tensor]:
     if state.ft is not None:  # the quorum; a (re)joining group receives a live peer's state here
         state.ft.start_step()
     state.straggler.times.begin()  # the step's time parts (observability/straggler.py)
-    sync_once = once_per_step(state.cfg.gradient_sync, accum)
+    sync_once = step_once(state)  # gradient_sync auto: decided by memory after the first step (train/grad_accum.py)
     keep = keep_gathered(state.cfg.gradient_sync) or state.regather_keep
     for micro in range(accum):
         if sync_once:  # one gradient exchange per step: the last micro-step's (parallel/gradient_sync.py)
@@ -353,12 +357,7 @@ def run_steps(state: TrainState, profiler: StepProfiler | None = None) -> Iterat
         state.metrics.step_done(state.step, cfg.training.steps)
         if state.step == first_step:
             set_timeouts(state.mesh, cfg.comm.train_timeout_seconds)
-        if state.step == first_step or (state.regather_keep and should_log(state.step, cfg)):  # train/regather.py
-            fsdp_only = state.pipeline is None and state.dims.fsdp_enabled
-            kept = state.regather_keep
-            state.regather_keep = auto_keep(
-                cfg, state.model_parts, state.ctx.device, fsdp_without_pp=fsdp_only, kept=kept
-            )
+        settle(state, first_step, logged=should_log(state.step, cfg))  # gradient_sync auto (train/grad_accum.py)
         logged: dict[str, Any] = {}
         due = 0.0  # rank 0's wall-time save decision rides on the straggler gather of log steps (train/elastic.py)
         if should_log(state.step, cfg):

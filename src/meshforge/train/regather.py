@@ -38,13 +38,16 @@ NOT_FSDP = ("tp", "ep")
 
 
 def unsharded_numel(param: torch.Tensor) -> int:
-    """Elements of ``param`` on this rank once FSDP has all-gathered it (tensor / expert parallel shards stay)."""
+    """Elements of ``param`` on this rank once FSDP has all-gathered it (tensor / expert parallel shards stay). Any
+    placement that is neither replicated nor partial shards: FSDP x TP shards dim 0 with ``_StridedShard``, which is
+    no ``Shard`` (``is_shard()`` is False for it in torch 2.13)."""
     if not isinstance(param, DTensor):
         return param.numel()
     names = param.device_mesh.mesh_dim_names or ()
     factor = 1
     for dim, placement in enumerate(param.placements):
-        if placement.is_shard() and (dim >= len(names) or names[dim] not in NOT_FSDP):
+        shards = not (placement.is_replicate() or placement.is_partial())
+        if shards and (dim >= len(names) or names[dim] not in NOT_FSDP):
             factor *= param.device_mesh.size(dim)
     return param.to_local().numel() * factor
 

@@ -11,7 +11,8 @@ Three tests, each printed by ``meshforge plan --article``:
    Layout reading: Megatron's TP with sequence parallel and userbuffer overlap -> TP with async TP (impl torchtitan:
    the one whose async-TP overlap a measurement confirmed, estimate.ASYNC_TP_CONFIRMED); VP v -> Interleaved1F1B with
    layers / (PP x v) layers per stage, no stage short; the distributed optimizer over DP x CP -> FSDP (under PP: kept
-   gathered, gradients reduced once per step); no recompute -> AC none; bf16 gradient reduction; TE -> compile.
+   gathered, gradients reduced once per step); no recompute -> AC none; bf16 gradient reduction and accumulation
+   (grad_sync_dtype is the dtype of Megatron's gradient buffer); TE -> compile.
    The 405B rows below 576 GPUs are truncated models (7-42 layers) and left out.
 2. Meta's Llama 3 405B rows (production.py ROWS, arXiv:2407.21783 Table 4) against ``nemo-h100-bf16``.
 3. TorchTitan's split: its 8-GPU published rows (the h100-96gb family) calibrate a stack profile from the neutral
@@ -43,7 +44,7 @@ LLAMA3_BAR = 0.15
 OVER = " (over 80 GB, where Meta ran it: the model's memory misses)"
 _COMMON = (
     "--training.seq_len 8192 --parallelism.pipeline_parallel_microbatch_size 1 --activation_checkpoint.mode none "
-    "--training.mixed_precision_reduce bfloat16 --compile.enable"
+    "--training.mixed_precision_reduce bfloat16 --gradient_sync.accumulate_dtype bfloat16 --compile.enable"
 )
 
 

@@ -47,6 +47,7 @@ PREDICTION_SOURCES = (
     "parallel/pipeline/catalog.py",
     "parallel/pipeline/split.py",
     "parallel/degrees.py",
+    "parallel/accumulation.py",
     "parallel/composability.py",
     "parallel/composability_measured.py",
     "model/flavors.py",

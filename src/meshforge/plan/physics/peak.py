@@ -18,7 +18,7 @@ and its categories are reported:
 
 Under pipeline parallel the in-flight microbatches' activations replace ``saved`` (schedules.in_flight), every block
 stays gathered (resharding is off under PP, parallel/fsdp.py) and the microbatches' unsharded gradients accumulate in
-the reduce dtype until the last one's reduce-scatter, beside the send / receive buffers of each stage.
+gradient_sync.accumulate_dtype until the last one's reduce-scatter, beside the send / receive buffers of each stage.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from meshforge.device import memory_budget
 from meshforge.model.flavors import ModelArgs
+from meshforge.parallel.accumulation import Budget, Need, resolve_mode
 from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import Layout
 from meshforge.plan.physics import levers, schedules
@@ -190,8 +191,8 @@ class Gathered:
     """Communication buffers (bytes): the weights FSDP keeps gathered after forward, the next block it prefetches in
     backward, the root gathered with the output's unsharded gradient, one block's unsharded gradient, what is live at
     the end of the backward, the microbatches' (PP) or micro-steps' (gradient_sync once per step) accumulated
-    unsharded gradients, the pipeline send / receive buffers, every block kept gathered between micro-steps
-    (gradient_sync regather = keep)."""
+    unsharded gradients (in gradient_sync.accumulate_dtype), the pipeline send / receive buffers, every block kept
+    gathered between micro-steps (gradient_sync regather = keep)."""
 
     kept: float = 0.0
     prefetch: float = 0.0
@@ -204,10 +205,10 @@ class Gathered:
 
 
 def resolve_gradient_sync(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> Layout:
-    """``layout`` with [gradient_sync] auto decided by ``hw``'s memory: the mode once per step when it fits, else every
-    micro-step (and every micro-step where it changes nothing: no accumulation, or pipeline parallel); then regather
-    auto keep where once per step with it still fits, else reshard (training measures the same after its first step,
-    train/regather.py; training's mode auto is once per step under accumulation, with no memory check of its own)."""
+    """``layout`` with [gradient_sync] auto decided by ``hw``'s memory: the mode by parallel/accumulation.py's rule,
+    the one training applies after its first step (train/grad_accum.py); then regather auto keep where once per step
+    with it still fits, else reshard (training measures the same after its first once-per-step step,
+    train/regather.py)."""
     if layout.gradient_sync == "auto":
         layout = _resolve_mode(args, layout, hw)
     if layout.regather != "auto":
@@ -220,12 +221,24 @@ def resolve_gradient_sync(args: ModelArgs, layout: Layout, hw: HardwareProfile) 
 
 
 def _resolve_mode(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> Layout:
-    every = replace(layout, gradient_sync="every_microstep")
-    if layout.pp > 1 or layout.grad_accum == 1:
-        return every
+    pipeline, accumulation = layout.pp > 1, layout.grad_accum
+    if pipeline or accumulation <= 1:  # decided without memory
+        return replace(layout, gradient_sync=resolve_mode("auto", accumulation, pipeline=pipeline))
+    need, budget = accumulation_inputs(args, layout, hw)
+    return replace(layout, gradient_sync=resolve_mode("auto", accumulation, pipeline=False, need=need, budget=budget))
+
+
+def accumulation_inputs(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> tuple[Need, Budget]:
+    """parallel/accumulation.py's inputs as the planner prices them: the once-per-step step's allocated peak (rank 0,
+    regather auto probed as reshard) split into its accumulated unsharded gradients and the rest; the device's
+    memory, with runtime_gib + framework_gib outside the allocator and allocator_overhead its slack."""
     once = replace(layout, gradient_sync="once_per_step")
-    probe = replace(once, regather="reshard") if once.regather == "auto" else once
-    return once if _fits(args, probe, hw) else every
+    probe = levers.effective(replace(once, regather="reshard") if once.regather == "auto" else once, hw)
+    gradients = _gathered(args, probe, rank_parts(args, probe, 0)).accumulated if gradient_sync_once(probe) else 0.0
+    need = Need(gradients=gradients, rest=rank_allocated(args, probe, 0).total - gradients)
+    reserve = (hw.spec.runtime_gib + hw.efficiency.framework_gib) * GIB
+    budget = Budget(hw.spec.device_memory_gib(layout.world_size) * GIB, reserve, hw.efficiency.allocator_overhead)
+    return need, budget
 
 
 def _fits(args: ModelArgs, layout: Layout, hw: HardwareProfile) -> bool:
@@ -243,6 +256,7 @@ def gradient_sync_once(layout: Layout) -> bool:
 
 def _gathered(args: ModelArgs, layout: Layout, parts: RankParts) -> Gathered:
     e, r = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.reduce_dtype]
+    a = 4 if layout.param_dtype == "float32" else DTYPE_BYTES[layout.accumulate_dtype]  # parallel/fsdp.py accumulate_in
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
     p2p = 2 * len(parts.stage_layers) * tokens * args.dim * e / layout.tp if layout.pp > 1 else 0.0
     if not (layout.fsdp_size > 1 or layout.dp_replicate > 1):
@@ -257,7 +271,7 @@ def _gathered(args: ModelArgs, layout: Layout, parts: RankParts) -> Gathered:
     keep_all = layout.pp > 1 or not layout.reshard_after_forward
     kept = parts.layers * block + root_numel * e if keep_all else min(1, parts.layers) * block
     # the microbatches' (PP) or the micro-steps' (gradient_sync once per step) unsharded gradients, accumulated
-    accumulated = (parts.layers * layer_numel + root_numel) * r if layout.pp > 1 or gradient_sync_once(layout) else 0.0
+    accumulated = (parts.layers * layer_numel + root_numel) * a if layout.pp > 1 or gradient_sync_once(layout) else 0.0
     return Gathered(
         kept=kept,
         prefetch=0.0 if keep_all else block * (parts.layers > 1),
