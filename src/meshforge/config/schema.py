@@ -69,9 +69,8 @@ class Model:
     moe_aux_loss_coeff: float = -1.0
     """MoE flavors: weight of the sequence-wise auxiliary balance loss (0 turns it off; -1: the flavor's)."""
     lean_saves: bool = True
-    """RMSNorm keeps its input and rstd, SwiGLU its two matmul outputs (silu recomputed in backward), and under
-    sequence parallel the q/k/v and w1/w3 matmuls keep the sequence shard (all-gathered again in backward): exact, no
-    matmul recomputed (model/lean.py, parallel/sequence_shard_saves.py). false: torch autograd's op-by-op saves."""
+    """Exact lean saves, no matmul recomputed: RMSNorm its input + rstd, SwiGLU its two matmul outputs, SP matmuls the
+    sequence shard (model/lean.py, parallel/sequence_shard_saves.py). false: torch autograd's op-by-op saves."""
 
 
 @dataclass
