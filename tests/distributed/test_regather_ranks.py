@@ -64,6 +64,7 @@ def _forced_keep() -> dict[str, object]:
     reads = iter(CAPACITY_GIB)
     regather.device_readings = lambda device: regather.Readings(10 * GIB, 8 * GIB, 0, next(reads) * GIB)
     overrides = ["--training.local_batch_size", "1", "--training.gradient_accumulation_steps", "4"]
+    overrides += ["--gradient_sync.mode", "once_per_step"]  # auto would run step 1 every micro-step (grad_accum.py)
     overrides += ["--training.steps", "4", "--job.dump_folder", tempfile.mkdtemp(prefix="meshforge-test-")]
     state = loop.setup(load_config(None, [*BASE, *overrides]))
     params = [p for part in state.model_parts for p in part.parameters()]
