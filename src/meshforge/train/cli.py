@@ -82,18 +82,6 @@ def main(argv: list[str]) -> int:
     return run(cfg)
 
 
-def check_layout(cfg: JobConfig, world_size: int) -> None:
-    """Degrees vs world size and model shape, checked before any process starts."""
-    from meshforge.model.hf_config import resolve_model_args
-    from meshforge.model.llama import check_trainable
-    from meshforge.parallel.dims import ParallelDims
-
-    dims = ParallelDims.from_config(cfg.parallelism, world_size)  # ConfigError when they do not fit
-    args = resolve_model_args(cfg.model, cfg.training.seq_len)
-    dims.validate_model(args, cfg.training.seq_len)
-    check_trainable(args, dims.pp)
-
-
 def run(cfg: JobConfig) -> int:
     """Train on this rank; user mistakes found after start-up end every rank with one line (printed by the first
     rank that reports it) and exit 2; a diverged run ends with one line and exit 4."""
