@@ -67,13 +67,13 @@ def test_bench_matrix_cannot_name_a_refused_combination() -> None:
 
 def test_planner_layout_check_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     from meshforge.model.flavors import get_flavor
-    from meshforge.plan.layout import Layout, check_layout
+    from meshforge.plan.layout import Layout
 
     layout = Layout(flavor="debugmodel", seq_len=64, local_batch_size=8, dp_shard=2, compile=True)
-    check_layout(layout, get_flavor("debugmodel"))
+    layout.check(get_flavor("debugmodel"))
     monkeypatch.setitem(table.CELLS, ("fsdp", "compile"), table.Cell("refused", "planted", "compile.enable = false"))
     with pytest.raises(ConfigError, match="planted"):
-        check_layout(layout, get_flavor("debugmodel"))
+        layout.check(get_flavor("debugmodel"))
 
 
 def test_float8_on_cpu_without_emulation_warns_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,7 @@ from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.parallel.context_parallel import resolve_cp_impl
 from meshforge.parallel.dims import ParallelDims
 from meshforge.parallel.float8 import check_capability
+from meshforge.parallel.layout import Layout
 
 CPU = torch.device("cpu")
 
@@ -62,16 +63,16 @@ def test_degree_below_one(key: str) -> None:
 )
 def test_tp_must_divide_heads_kv_heads_and_ffn(args: ModelArgs, tp: int, key: str) -> None:
     with one_line_error(rf"tensor_parallel_degree = {tp} does not divide the model's {key} .*; choose"):
-        dims(tp, tensor_parallel_degree=tp).validate_model(args, seq_len=64)
+        Layout(dims(tp, tensor_parallel_degree=tp), seq_len=64).check(args)
 
 
 def test_cp_needs_seq_len_divisible_by_two_cp() -> None:
-    dims(2, context_parallel_degree=2).validate_model(get_flavor("tiny"), seq_len=64)
+    Layout(dims(2, context_parallel_degree=2), seq_len=64).check(get_flavor("tiny"))
     with one_line_error(r"training.seq_len = 66 must be divisible by 2 x context_parallel_degree = 4"):
-        dims(2, context_parallel_degree=2).validate_model(get_flavor("tiny"), seq_len=66)
+        Layout(dims(2, context_parallel_degree=2), seq_len=66).check(get_flavor("tiny"))
     eight_heads = ModelArgs(dim=64, n_heads=8, n_kv_heads=8, multiple_of=32)
     with one_line_error(r"seq_len = 68 must be divisible by context_parallel_degree x tensor_parallel_degree = 8"):
-        dims(8, context_parallel_degree=2, tensor_parallel_degree=4).validate_model(eight_heads, seq_len=68)
+        Layout(dims(8, context_parallel_degree=2, tensor_parallel_degree=4), seq_len=68).check(eight_heads)
 
 
 def test_async_tp_is_refused_where_it_cannot_work() -> None:

@@ -12,6 +12,7 @@ import torch
 
 from meshforge.cli import main
 from meshforge.config.io import ConfigError, load_config
+from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import get_flavor, param_counts
 from meshforge.model.hf_config import args_from_hf, read_hf_config, resolve_model_args
 from meshforge.model.llama import build_model, check_trainable
@@ -91,7 +92,10 @@ def test_unsupported_configs_are_refused(tmp_path: Path, change: dict[str, objec
 
 
 def test_training_refuses_what_it_cannot_build() -> None:
-    from meshforge.train.cli import check_layout
+    from meshforge.parallel.layout import Layout
+
+    def check_layout(cfg: JobConfig, world_size: int) -> None:  # as the bench and the dry run ask it
+        Layout.from_config(cfg, world_size).check(resolve_model_args(cfg.model, cfg.training.seq_len))
 
     check_layout(load_config(None, ["--model.hf_config", str(FIXTURES / "qwen3_8b" / "config.json")]), 1)  # trains
     tied_pp = [

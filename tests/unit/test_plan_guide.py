@@ -11,7 +11,7 @@ from meshforge.config.io import load_config
 from meshforge.plan.guide import flow as guide_flow
 from meshforge.plan.guide import guide
 from meshforge.plan.hardware import auto_param_dtype, load_hardware
-from meshforge.plan.layout import check_layout, layout_args, layout_from_config
+from meshforge.plan.layout import layout_args, layout_from_config
 
 MODEL = ("--model.flavor", "8B")
 WORLDS = (8, 16, 32)
@@ -84,7 +84,7 @@ def test_recommended_layouts_pass_the_dry_run(h100_cells: list[dict]) -> None:
         for est in (cell["best"], cell["runner_up"]):
             cfg = load_config(None, est["overrides"])
             layout = layout_from_config(cfg, cell["world"], impl=cell["impl"], auto_dtype=auto_param_dtype(hw.spec))
-            check_layout(layout, layout_args(layout))
+            layout.check(layout_args(layout))
             assert layout.describe() == est["layout"]
             if est["family"] not in dry_run_families:  # one per family (test time); runner-ups are other families
                 dry_run_families.add(est["family"])

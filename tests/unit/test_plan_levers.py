@@ -125,11 +125,10 @@ def test_lever_layouts_round_trip_through_the_train_flags() -> None:
 
 def test_cpu_offload_without_fsdp_is_refused_as_training_refuses_it() -> None:
     from meshforge.config.io import ConfigError
-    from meshforge.plan.layout import check_layout
 
     layout = planned(["--training.enable_cpu_offload"], world=1)
     with pytest.raises(ConfigError, match="needs FSDP"):
-        check_layout(layout, layout_args(layout))
+        layout.check(layout_args(layout))
 
 
 def test_offloads_must_fit_the_hosts_memory_per_gpu() -> None:

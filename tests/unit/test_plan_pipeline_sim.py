@@ -197,7 +197,6 @@ def test_gradient_accumulation_repeats_the_schedule() -> None:
 def test_v_shaped_schedules_need_two_stages_per_rank() -> None:
     from meshforge.config.io import ConfigError
     from meshforge.model.flavors import get_flavor
-    from meshforge.plan.layout import check_layout
 
     with pytest.raises(ConfigError, match="exactly 2 stages per rank"):
-        check_layout(layout("ZBVZeroBubble", 2, 4, 4), get_flavor("debugmodel"))
+        layout("ZBVZeroBubble", 2, 4, 4).check(get_flavor("debugmodel"))

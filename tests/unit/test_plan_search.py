@@ -11,7 +11,7 @@ from meshforge.model.flavors import get_flavor
 from meshforge.plan import report
 from meshforge.plan.accuracy import article
 from meshforge.plan.hardware import load_hardware
-from meshforge.plan.layout import Layout, check_layout, layout_from_config
+from meshforge.plan.layout import Layout, layout_from_config
 from meshforge.plan.search import advisor
 
 CASES = {"8B": article.CASES[0], "70B": article.CASES[3], "405B": article.CASES[6]}
@@ -63,5 +63,5 @@ def test_zero_bubble_with_per_op_selective_ac_is_refused_as_training_refuses_it(
         stages_per_rank=2, ac_mode="selective", sac_option="op", reshard_after_forward=False,
     )  # fmt: skip
     with pytest.raises(ConfigError, match="per-op selective AC"):
-        check_layout(layout, args)
-    check_layout(replace(layout, ac_mode="full"), args)
+        layout.check(args)
+    replace(layout, ac_mode="full").check(args)

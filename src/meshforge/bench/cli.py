@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import shlex
 import sys
 import time
@@ -31,7 +30,7 @@ from meshforge.bench.runner import (
     write_json,
 )
 from meshforge.bench.warm import WarmLauncher
-from meshforge.config.io import ConfigError, load_config
+from meshforge.config.io import ConfigError, load_config, read_data
 
 DEFAULT_MATRIX = "configs/bench/default.toml"
 
@@ -108,10 +107,7 @@ def main(argv: list[str]) -> int:
         print_matrix(matrix, out, launch, args.compare_with)
         return 0
     if args.report_only:
-        path = out / "results.json"
-        if not path.is_file():
-            raise ConfigError(f"--report-only: {path} does not exist; run the sweep first")
-        results = json.loads(path.read_text())
+        results = read_data(out / "results.json", "--report-only", fmt="json", hint="; run the sweep first")
     else:
         plan = plan_sweep(matrix, out, force=args.force, retry_failed=args.retry_failed, only=only)
         results = sweep(matrix, plan, out, launch)

@@ -20,12 +20,12 @@ import json
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from meshforge.bench.auto_keys import check_auto_entries
 from meshforge.bench.ranks import oversubscribed, resolve_ranks
 from meshforge.bench.reference import figure
+from meshforge.config.schema import Parallelism
 from meshforge.errors import ConfigError
 from meshforge.model.flavors import get_flavor
 from meshforge.parallel import composability
@@ -425,11 +425,11 @@ def check_composable(matrix: BenchMatrix, run: BenchRun) -> None:
     """A run the composability table refuses is a matrix error, not a crashed run (parallel/composability.py)."""
     keys = {**matrix.overrides, **run.overrides}
     rows = composability.active_parallelisms(
-        SimpleNamespace(
-            disable_loss_parallel=keys.get("parallelism.disable_loss_parallel", False),
+        Parallelism(
+            disable_loss_parallel=bool(keys.get("parallelism.disable_loss_parallel", False)),
             enable_async_tensor_parallel=run.async_tp,
             pipeline_parallel_schedule=run.schedule,
-            pipeline_parallel_schedule_csv=keys.get("parallelism.pipeline_parallel_schedule_csv", ""),
+            pipeline_parallel_schedule_csv=str(keys.get("parallelism.pipeline_parallel_schedule_csv", "")),
         ),
         dp_replicate=run.dp_replicate,
         dp_shard=run.resolved_dp_shard,

@@ -27,7 +27,8 @@ from meshforge.bench.record import Repetition
 from meshforge.bench.warm import WarmJob, WarmLauncher
 from meshforge.config.io import load_config
 from meshforge.errors import ConfigError
-from meshforge.train.cli import check_layout
+from meshforge.model.hf_config import resolve_model_args
+from meshforge.parallel.layout import Layout
 
 SCHEMA_VERSION = 2  # 2: repetitions, bootstrap intervals, raw step values, machine state
 FINISHED = ("ok", "failed", "unsupported")
@@ -77,7 +78,8 @@ def layout_refusal(matrix: BenchMatrix, run: BenchRun) -> str:
     """meshforge's own verdict on the layout (degrees vs model shape and sequence length), '' if it is valid."""
     group_ranks = run.ranks // run.dp_replicate if run.fault_tolerance else run.ranks  # the layout of one group
     try:
-        check_layout(load_config(*matrix.config_and_overrides(run)), group_ranks)
+        cfg = load_config(*matrix.config_and_overrides(run))
+        Layout.from_config(cfg, group_ranks).check(resolve_model_args(cfg.model, cfg.training.seq_len))
     except ConfigError as exc:
         return f"meshforge train: config error: {exc}"
     return ""

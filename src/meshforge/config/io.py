@@ -6,6 +6,7 @@ Every user mistake raises ``ConfigError`` (a ValueError) with one line naming th
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
 import types
@@ -41,13 +42,21 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
 
 
 def read_toml(path: str) -> dict[str, Any]:
+    tree: dict[str, Any] = read_data(path, "--config", hint=" (configs/ holds the shipped ones)")
+    return tree
+
+
+def read_data(path: str | Path, flag: str, *, fmt: str = "toml", hint: str = "") -> Any:
+    """The TOML (``fmt = "toml"``) or JSON (``"json"``) file at ``path``, parsed; a missing or unparsable file is a
+    one-line ConfigError naming the option it came from: '``flag`` PATH: no such file``hint``' or '... not valid TOML
+    (the parser's reason)'. The one place the commands turn file and format errors into messages."""
     file = Path(path)
     if not file.is_file():
-        raise ConfigError(f"--config {path}: no such file (configs/ holds the shipped ones)")
+        raise ConfigError(f"{flag} {path}: no such file{hint}")
     try:
-        return tomllib.loads(file.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--config {path}: not valid TOML ({exc})") from None
+        return tomllib.loads(file.read_text()) if fmt == "toml" else json.loads(file.read_text())
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{flag} {path}: not valid {fmt.upper()} ({exc})") from None
 
 
 def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:

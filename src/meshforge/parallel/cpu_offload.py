@@ -19,22 +19,12 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
-from meshforge.errors import ConfigError
+from meshforge.parallel.layout import check_cpu_offload as check_cpu_offload  # the rule lives with the layout's
 
 
 def offload_policy(enabled: bool, device_type: str) -> OffloadPolicy:
     """The policy for ``fully_shard``: CPU offload (pinned host memory on CUDA only) or none."""
     return CPUOffloadPolicy(pin_memory=device_type == "cuda") if enabled else OffloadPolicy()
-
-
-def check_cpu_offload(enabled: bool, *, fsdp_enabled: bool) -> None:
-    """CPU offload is FSDP's: refuse it, in one line, for a layout without FSDP."""
-    if enabled and not fsdp_enabled:
-        raise ConfigError(
-            "training.enable_cpu_offload needs FSDP (it is FSDP2's CPUOffloadPolicy) but the layout has "
-            "data_parallel_shard_degree x context_parallel_degree = 1 and no replicas; set "
-            "parallelism.data_parallel_shard_degree >= 2 or training.enable_cpu_offload = false"
-        )
 
 
 def materialize(model: nn.Module, device: torch.device, *, cpu_offload: bool) -> None:

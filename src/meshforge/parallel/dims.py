@@ -16,10 +16,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from meshforge.config.schema import Float8, Parallelism
 from meshforge.errors import ConfigError
-from meshforge.model.flavors import ModelArgs
 from meshforge.parallel import composability
 from meshforge.parallel.context_parallel import check_cp_impl
-from meshforge.parallel.degrees import Degrees, check_ep_compile, check_ep_degrees, check_ep_shape, degrees_from_config
+from meshforge.parallel.degrees import Degrees, check_ep_compile, check_ep_degrees, degrees_from_config
 from meshforge.parallel.float8 import check_float8_support
 
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -60,36 +59,6 @@ class ParallelDims(Degrees):
         """Index of a rank among the data-parallel groups (what slice of the global batch it reads)."""
         c = self.coords(rank)
         return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
-
-    def validate_model(self, args: ModelArgs, seq_len: int) -> None:
-        """Cross-checks of degrees against the model shape and the sequence length."""
-        if self.tp > 1:
-            for key, size in (
-                ("n_heads", args.n_heads),
-                ("n_kv_heads", args.kv_heads),
-                ("ffn hidden dim", args.ffn_hidden_dim),
-                ("dim", args.dim),
-            ):
-                if size % self.tp:
-                    raise ConfigError(
-                        f"parallelism.tensor_parallel_degree = {self.tp} does not divide the model's {key} ({size}); "
-                        f"choose a tensor-parallel degree that divides it"
-                    )
-        self.validate_moe(args)
-        if self.cp > 1 and seq_len % (2 * self.cp):
-            raise ConfigError(
-                f"training.seq_len = {seq_len} must be divisible by 2 x context_parallel_degree = {2 * self.cp} "
-                "(load balancing splits each sequence into 2 x cp chunks)"
-            )
-        if self.tp > 1 and seq_len % (self.cp * self.tp):
-            raise ConfigError(
-                f"training.seq_len = {seq_len} must be divisible by context_parallel_degree x tensor_parallel_degree "
-                f"= {self.cp * self.tp} (sequence parallel splits each rank's slice of the sequence)"
-            )
-
-    def validate_moe(self, args: ModelArgs) -> None:
-        """Expert-parallel degrees against the MoE shape (parallel/degrees.py)."""
-        check_ep_shape(self.ep, self.efsdp, args)
 
     def validate_features(
         self,

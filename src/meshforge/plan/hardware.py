@@ -12,12 +12,11 @@ import dataclasses
 import functools
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from meshforge.config.io import TOMLI_W_INSTALL, ConfigError
+from meshforge.config.io import TOMLI_W_INSTALL, ConfigError, read_data
 from meshforge.device.memory_budget import RUNTIME_GIB
 from meshforge.errors import optional_import
 from meshforge.plan import shipped
@@ -284,12 +283,7 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
 
 def read_profile(path: Path) -> HardwareProfile:
     """A profile from TOML: a [hardware] table (HardwareSpec keys, or base = a preset) and an optional [efficiency]."""
-    if not path.is_file():
-        raise ConfigError(f"--hardware {path}: no such file")
-    try:
-        tree = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--hardware {path}: not valid TOML ({exc})") from None
+    tree = read_data(path, "--hardware")
     unknown = sorted(set(tree) - {"hardware", "efficiency"})
     if unknown:
         raise ConfigError(f"--hardware {path}: unknown table or key {unknown[0]!r}; allowed: [hardware], [efficiency]")

@@ -1,9 +1,9 @@
 """The job the planner reasons about: degrees, batch, pipeline schedule and features, read from a JobConfig.
 
 Pure Python (no torch). ``layout_from_config`` resolves what the config leaves open (data_parallel_shard_degree = -1,
-the FSDP reshard policy, the pipeline's stages per rank) the way meshforge's training code does, and ``check_layout``
-rejects what cannot run (degrees that do not multiply to the world size, heads not divisible by TP, ...) with a
-one-line ConfigError.
+the FSDP reshard policy, the pipeline's stages per rank) the way meshforge's training code does, and ``Layout.check``
+rejects what cannot run with a one-line ConfigError: training's rule set (parallel/layout.py: heads not divisible by
+TP, ...), then the pipeline schedule's and the composability table's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from meshforge.config.io import ConfigError
 from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.model.hf_config import model_label, resolve_model_args
-from meshforge.parallel.degrees import Degrees, check_ep_compile, check_ep_degrees, check_ep_shape, resolve_dp_shard
+from meshforge.parallel.degrees import Degrees, resolve_dp_shard
+from meshforge.parallel.layout import Layout as ParallelLayout
 from meshforge.parallel.pipeline import catalog, split
 from meshforge.parallel.pipeline.catalog import MULTI_STAGE, SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 
@@ -132,6 +133,31 @@ class Layout:
     def tokens_per_device_step(self) -> float:
         """Tokens one device accounts for per step: the dp rank's tokens over the ranks that share them."""
         return self.local_batch_size * self.seq_len * self.grad_accum / (self.cp * self.tp * self.pp)
+
+    @property
+    def parallel(self) -> ParallelLayout:
+        """The layout as training holds it (parallel/layout.py), whose ``check`` is the one rule set."""
+        return ParallelLayout(
+            degrees=self.degrees,
+            seq_len=self.seq_len,
+            local_batch_size=self.local_batch_size,
+            schedule=self.schedule,
+            microbatch_size=self.microbatch_size,
+            grad_accum=self.grad_accum,
+            compile=self.compile,
+            cpu_offload=self.cpu_offload,
+        )
+
+    def check(self, args: ModelArgs) -> None:
+        """ConfigError naming the first reason this layout cannot run this model: training's rules
+        (parallel/layout.py), then the pipeline schedule's and the composability table's."""
+        self.parallel.check(args)
+        if self.pp > 1:
+            check_pipeline(self, args)
+        if self.impl not in IMPLEMENTATIONS:
+            raise ConfigError(f"--impl {self.impl!r} is unknown; choose {', '.join(IMPLEMENTATIONS)}")
+        if self.impl == "meshforge":
+            check_composable(self)
 
     def describe(self) -> str:
         """One line: 'FSDP 8 x TP 8 x PP 8 (Interleaved1F1B, 16 x mb 2) | AC full | compile, Float8, async TP'."""
@@ -260,46 +286,12 @@ def with_stages(layout: Layout, args: ModelArgs) -> Layout:
     return replace(layout, stages_per_rank=DEFAULT_STAGES_PER_RANK)
 
 
-def check_layout(layout: Layout, args: ModelArgs) -> None:
-    """ConfigError naming the first reason this layout cannot run this model."""
-    if layout.tp > 1:
-        for key, size in (
-            ("n_heads", args.n_heads),
-            ("n_kv_heads", args.kv_heads),
-            ("ffn hidden dim", args.ffn_hidden_dim),
-            ("vocab", args.vocab_size),
-        ):
-            if size % layout.tp:
-                raise ConfigError(f"tensor_parallel_degree = {layout.tp} does not divide the model's {key} ({size})")
-        if layout.seq_len % layout.tp:
-            raise ConfigError(f"seq_len {layout.seq_len} is not divisible by tensor_parallel_degree {layout.tp}")
-    if layout.cp > 1 and layout.seq_len % (2 * layout.cp):
-        raise ConfigError(f"seq_len {layout.seq_len} is not divisible by 2 x context_parallel_degree = {2 * layout.cp}")
-    check_ep_degrees(layout.ep, layout.dp_shard, layout.cp, layout.dp_replicate)  # training's rules
-    check_ep_shape(layout.ep, layout.efsdp, args)
-    check_ep_compile(layout.ep, layout.compile)
-    if layout.pp > 1:
-        check_pipeline(layout, args)
-    if layout.cpu_offload and layout.fsdp_size * layout.dp_replicate == 1:  # training's rule (parallel/cpu_offload.py)
-        raise ConfigError("training.enable_cpu_offload needs FSDP; set data_parallel_shard_degree >= 2")
-    if layout.impl not in IMPLEMENTATIONS:
-        raise ConfigError(f"--impl {layout.impl!r} is unknown; choose {', '.join(IMPLEMENTATIONS)}")
-    if layout.impl == "meshforge":
-        check_composable(layout)
-
-
 def check_composable(layout: Layout) -> None:
     """The composability table's refusals (parallel/composability.py): --search never proposes a refused cell."""
-    from types import SimpleNamespace
-
+    from meshforge.config.schema import Parallelism
     from meshforge.parallel import composability
 
-    section = SimpleNamespace(
-        disable_loss_parallel=False,
-        enable_async_tensor_parallel=layout.async_tp,
-        pipeline_parallel_schedule=layout.schedule,
-        pipeline_parallel_schedule_csv="",
-    )
+    section = Parallelism(enable_async_tensor_parallel=layout.async_tp, pipeline_parallel_schedule=layout.schedule)
     rows = composability.active_parallelisms(
         section,
         dp_replicate=layout.dp_replicate,

@@ -45,14 +45,14 @@ from meshforge.device.precision import resolve_param_dtype
 from meshforge.errors import ConfigError
 from meshforge.model.flavors import ModelArgs, param_counts
 from meshforge.model.hf_config import model_args_for, model_label, resolve_model_args
-from meshforge.model.llama import build_model, canonical_name, check_trainable
+from meshforge.model.llama import build_model, canonical_name
 from meshforge.observability.metrics import logging_ranks
 from meshforge.observability.profiling import check_window
 from meshforge.parallel.composability import job_features
-from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import AXES, ParallelDims
 from meshforge.parallel.distributed import clear_dtensor_caches
 from meshforge.parallel.float8 import resolve_emulation
+from meshforge.parallel.layout import Layout
 from meshforge.parallel.parallelize import parallelize
 from meshforge.parallel.pipeline.split import module_order, prune_to_stage
 from meshforge.parallel.pipeline.stage import plan_pipeline
@@ -258,9 +258,7 @@ def plan(cfg: JobConfig, world_size: int) -> DryRun:
     logging_ranks(cfg.job.log_rank, world_size)
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     args = model_args(cfg, notes)
-    dims.validate_model(args, cfg.training.seq_len)
-    check_trainable(args, dims.pp)  # tied embeddings across pipeline stages are refused as training refuses them
-    check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
+    Layout.from_config(cfg, world_size).check(args)  # training's and the planner's one rule set (parallel/layout.py)
     check_features(cfg, dims, target, notes, args)
     with fake_world(world_size):
         mesh = dims.build_mesh("cpu")  # meta tensors need a mesh of a type this torch can shard for

@@ -93,18 +93,6 @@ def main(argv: list[str]) -> int:
     return run(cfg)
 
 
-def check_layout(cfg: JobConfig, world_size: int) -> None:
-    """Degrees vs world size and model shape, checked before any process starts."""
-    from meshforge.model.hf_config import resolve_model_args
-    from meshforge.model.llama import check_trainable
-    from meshforge.parallel.dims import ParallelDims
-
-    dims = ParallelDims.from_config(cfg.parallelism, world_size)  # ConfigError when they do not fit
-    args = resolve_model_args(cfg.model, cfg.training.seq_len)
-    dims.validate_model(args, cfg.training.seq_len)
-    check_trainable(args, dims.pp)
-
-
 def run_local_ranks(cfg: JobConfig, nproc: int) -> int:
     """--local-ranks N: the job's N ranks in this one process (parallel/local_ranks.py); user mistakes are one line
     (the caller prints ConfigError), a diverged run ends with one line and exit 4."""
@@ -114,7 +102,11 @@ def run_local_ranks(cfg: JobConfig, nproc: int) -> int:
 
     if nproc:
         raise ConfigError(f"--local-ranks {cfg.parallelism.local_ranks} runs every rank in this process: drop --nproc")
-    check_layout(cfg, cfg.parallelism.local_ranks)
+    from meshforge.model.hf_config import resolve_model_args
+    from meshforge.parallel.layout import Layout
+
+    args = resolve_model_args(cfg.model, cfg.training.seq_len)
+    Layout.from_config(cfg, cfg.parallelism.local_ranks).check(args)  # the one rule set, before the world starts
     with local_world(cfg):
         try:
             train(cfg)

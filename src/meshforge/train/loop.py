@@ -31,7 +31,7 @@ from meshforge.device.precision import resolve_param_dtype
 from meshforge.device.transfer import to_device
 from meshforge.model.flavors import ModelArgs, flops_per_token
 from meshforge.model.hf_config import model_args_for
-from meshforge.model.llama import build_model, check_trainable
+from meshforge.model.llama import build_model
 from meshforge.model.loss import cross_entropy, loss_parallel_context
 from meshforge.observability.hang import HangGuard, enable_flight_recorder
 from meshforge.observability.logs import launcher_rank, rank_logging
@@ -41,11 +41,12 @@ from meshforge.observability.straggler import StragglerDetector
 from meshforge.parallel.activation_offload import offload_context
 from meshforge.parallel.composability import job_features
 from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
-from meshforge.parallel.cpu_offload import banner, check_cpu_offload, materialize
+from meshforge.parallel.cpu_offload import banner, materialize
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.distributed import LOCAL_BACKEND, DistContext, init_distributed, set_timeouts
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales, resolve_emulation
 from meshforge.parallel.gradient_sync import keep_gathered, set_micro_step
+from meshforge.parallel.layout import Layout
 from meshforge.parallel.parallelize import parallelize
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
 from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, saved_global_batch
@@ -103,9 +104,7 @@ def setup(cfg: JobConfig) -> TrainState:
     dims = ParallelDims.from_config(cfg.parallelism, ctx.world_size)
     tokenizer = build_tokenizer(cfg.model.tokenizer_path)
     model_args = model_args_for(cfg, tokenizer.vocab_size)
-    dims.validate_model(model_args, cfg.training.seq_len)
-    check_trainable(model_args, dims.pp)
-    check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
+    Layout.from_config(cfg, ctx.world_size).check(model_args)  # the one rule set (parallel/layout.py)
     dims.validate_features(
         cfg.parallelism,
         device=ctx.device,

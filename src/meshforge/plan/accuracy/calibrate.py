@@ -7,14 +7,13 @@ runs that determine each constant); the same code fits the shipped GPU defaults 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from meshforge.config.io import ConfigError
+from meshforge.config.io import ConfigError, read_data
 from meshforge.model.flavors import flops_per_token, get_flavor
 from meshforge.plan.accuracy.fit import Fit, MemoryFit, Observation, allocated_gib, fit_time
 from meshforge.plan.accuracy.memory_fit import fit_memory_terms
@@ -37,12 +36,7 @@ with the probe's noise; where they can, it moves the fit by well under 1 %."""
 
 def read_results(path: Path) -> list[Observation]:
     """The successful runs of a bench results.json: a list of records, or {"runs": [...]}."""
-    if not path.is_file():
-        raise ConfigError(f"--calibrate {path}: no such file (meshforge bench writes DIR/results.json)")
-    try:
-        data: Any = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--calibrate {path}: not valid JSON ({exc})") from None
+    data: Any = read_data(path, "--calibrate", fmt="json", hint=" (meshforge bench writes DIR/results.json)")
     records = data.get("runs", data.get("records", [])) if isinstance(data, dict) else data
     if not isinstance(records, list):
         raise ConfigError(f'--calibrate {path}: expected a list of runs or {{"runs": [...]}}')

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import math
 import shlex
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from meshforge.config.io import ConfigError, load_config
+from meshforge.config.io import ConfigError, load_config, read_data
 from meshforge.config.schema import Parallelism
 from meshforge.plan import shipped
 from meshforge.plan.accuracy import calibrate
@@ -65,12 +64,7 @@ class StackFit:
 def read_runs(path: Path, hw: HardwareProfile) -> tuple[list[Observation], dict[str, str]]:
     """The ``[[run]]`` tables of a TOML file as observations on ``hw`` (and each run's source); one-line
     ConfigError naming the run and key for anything wrong."""
-    if not path.is_file():
-        raise ConfigError(f"--calibrate {path}: no such file")
-    try:
-        tree = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--calibrate {path}: not valid TOML ({exc})") from None
+    tree = read_data(path, "--calibrate")
     runs = tree.get("run")
     if not isinstance(runs, list) or not runs or set(tree) - {"run"}:
         raise ConfigError(f"--calibrate {path}: expected one [[run]] table per measured run and nothing else")

@@ -19,7 +19,7 @@ from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs, flops_per_token
 from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
 from meshforge.plan.hardware import HardwareProfile
-from meshforge.plan.layout import Layout, check_layout, layout_args, stage_layer_counts
+from meshforge.plan.layout import Layout, layout_args, stage_layer_counts
 from meshforge.plan.physics import comm, levers, schedules
 from meshforge.plan.physics.comm import exposed
 from meshforge.plan.physics.memory import OPTIMIZER_TRAFFIC_PER_PARAM, block_modes
@@ -298,7 +298,7 @@ def stage_costs(args: ModelArgs, layout: Layout, hw: HardwareProfile, r: Rates, 
 def pipeline_timeline(layout: Layout, hw: HardwareProfile) -> list[tuple[int, float, float, str]]:
     """The simulated pipeline step behind ``estimate``: (rank, start s, end s, action) of every action."""
     args = layout_args(layout)
-    check_layout(layout, args)
+    layout.check(args)
     trace: list[tuple[int, float, float, str]] = []
     if layout.pp > 1:
         pipeline_step(args, layout, hw, rates(layout, hw), trace)
@@ -379,7 +379,7 @@ class Estimate:
 def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
     """Predict memory and throughput of ``layout`` on ``hw``; ConfigError if the layout cannot run the model."""
     args = layout_args(layout)
-    check_layout(layout, args)
+    layout.check(args)
     check_hardware(layout, hw)
     asked, layout = layout, resolve_gradient_sync(args, layout, hw)  # gradient_sync = auto: once per step where it fits
     r = rates(layout, hw)

@@ -20,7 +20,6 @@ from meshforge.plan.hardware import GIB, HardwareProfile
 from meshforge.plan.layout import (
     SPLIT_BACKWARD,
     Layout,
-    check_layout,
     layout_args,
     stage_layer_counts,
     with_stages,
@@ -94,7 +93,7 @@ def pipeline_splits(args: ModelArgs, base: Layout, pp: int) -> bool:
     and the output weighted as first/last_stage_less_layers blocks): any degree up to n_layers + those, the first and
     last stage then a block or more short. Each stage is priced with its own blocks (physics stage_costs / rank_parts),
     so a pipeline deeper than n_layers / 2 is predicted with its real, uneven split. Schedules with more stages per rank
-    are checked per layout (check_layout)."""
+    are checked per layout (Layout.check)."""
     if pp == 1:
         return True
     try:
@@ -214,7 +213,7 @@ def search(
         if shape in too_big:  # its model state alone does not fit, even with the levers
             continue
         try:
-            check_layout(layout, args)
+            layout.check(args)
             state_fits = state_gib(args, layout, hw) <= usable
         except ConfigError:
             continue

@@ -9,7 +9,7 @@ from dataclasses import replace
 from meshforge.config.io import ConfigError
 from meshforge.model.flavors import ModelArgs
 from meshforge.plan.hardware import HardwareProfile
-from meshforge.plan.layout import Layout, check_layout
+from meshforge.plan.layout import Layout
 from meshforge.plan.physics import levers
 from meshforge.plan.physics.estimate import Estimate
 from meshforge.plan.physics.peak import memory, rank_memory
@@ -22,7 +22,7 @@ def fitting_lever(args: ModelArgs, layout: Layout, hw: HardwareProfile, usable: 
     offloaded bytes fit the host's share per GPU (levers.host_memory_gib), or None."""
     for variant in levers.ladder(layout, hw):
         try:
-            check_layout(variant, args)
+            variant.check(args)
         except ConfigError:
             continue
         if rank_memory(args, variant, hw, 0).peak > usable:
