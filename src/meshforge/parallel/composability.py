@@ -299,7 +299,8 @@ def render_markdown() -> str:
         " 2-step jobs on debugmodel / debugmoe / a tiny Qwen3, 2 or 4 gloo ranks, fp32, every allowed pair of"
         " feature values in some job; `make test` runs it over FSDP, TP, PP 1F1B, PP ZBV, CP all-gather and EP,"
         " `make test-matrix` over every layout. A cell is P where a job through it matched one process (losses and"
-        " grad norms to 1e-5 relative), R where its jobs finished with finite losses. Compile cells of the matrix"
+        " grad norms to 1e-5 relative; a Float8 job at its first step: docs/benchmarks/cpu-parity-noise.md), R where"
+        " its jobs finished with finite losses. Compile cells of the matrix"
         " trace with the aot_eager backend (dynamo + AOT autograd).",
         "",
         "Counts: " + ", ".join(f"{k} {v}" for k, v in counts().items()) + ".",
