@@ -160,6 +160,23 @@ def meta_parallelism(par: Parallelism) -> Parallelism:
     return dataclasses.replace(par, enable_async_tensor_parallel=False)
 
 
+def parallelize_meta(model: nn.Module, cfg: JobConfig, dims: ParallelDims, mesh: DeviceMesh | None) -> None:
+    """``parallelize`` with the job's options as the meta build applies them (meta_parallelism): the one call the dry
+    run's stages and the exact memory step (tools/memory_run.py) share, so the two cannot drift apart."""
+    parallelize(
+        model,
+        dims,
+        mesh,
+        parallelism=meta_parallelism(cfg.parallelism),
+        training=cfg.training,
+        ac=cfg.activation_checkpoint,
+        compile_cfg=cfg.compile,
+        float8=cfg.quantize.dense.float8,
+        expert_mesh=dims.build_expert_mesh(mesh),
+        accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
+    )
+
+
 def only_layers(model: nn.Module, names: list[str]) -> nn.Module:
     """A shallow view of ``model`` whose ``layers`` hold just the named blocks (shared, keys kept), so that the real
     ``prune_to_stage`` deep-copies one stage's blocks rather than all of them (16 x 126 blocks of 405B took 30 s)."""
@@ -175,18 +192,7 @@ def build_parts(
     cfg: JobConfig, dims: ParallelDims, mesh: DeviceMesh | None, args: ModelArgs
 ) -> tuple[dict[int, list[tuple[int, list[str], nn.Module]]], str]:
     """Each pipeline rank's parallelized stages (meta device), and a line describing the pipeline."""
-    parallelize_part = functools.partial(
-        parallelize,
-        dims=dims,
-        mesh=mesh,
-        parallelism=meta_parallelism(cfg.parallelism),
-        training=cfg.training,
-        ac=cfg.activation_checkpoint,
-        compile_cfg=cfg.compile,
-        float8=cfg.quantize.dense.float8,
-        expert_mesh=dims.build_expert_mesh(mesh),
-        accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
-    )
+    parallelize_part = functools.partial(parallelize_meta, cfg=cfg, dims=dims, mesh=mesh)
     model = build_model(args)
     if dims.pp == 1:
         parallelize_part(model)

@@ -43,8 +43,7 @@ from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.gradient_sync import keep_gathered, once_per_step, set_micro_step
-from meshforge.parallel.parallelize import parallelize
-from meshforge.tools.dry_run import fake_world, meta_parallelism
+from meshforge.tools.dry_run import fake_world, parallelize_meta
 
 GIB = 2**30
 # torch tracker category (value string) -> our category; activation categories start with "activations"
@@ -168,17 +167,7 @@ def build_step_model(
     if stage is not None:
         model.tok_embeddings = model.tok_embeddings if stage[0] else None
         model.norm, model.output = (model.norm, model.output) if stage[1] else (None, None)
-    parallelize(
-        model,
-        dims,
-        mesh,
-        parallelism=meta_parallelism(cfg.parallelism),
-        training=cfg.training,
-        ac=cfg.activation_checkpoint,
-        compile_cfg=cfg.compile,
-        float8=cfg.quantize.dense.float8,
-        expert_mesh=dims.build_expert_mesh(mesh),
-    )
+    parallelize_meta(model, cfg, dims, mesh)
     return model
 
 
