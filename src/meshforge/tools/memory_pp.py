@@ -91,7 +91,7 @@ def pp_memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: Parall
     runs = []
     for plan in stage_plans(cfg, args):
 
-        def trace(n: int, plan: StagePlan = plan) -> dict[str, int]:
+        def trace(n: int, plan: StagePlan = plan) -> list[dict[str, int]]:
             probe_args = dataclasses.replace(args, n_layers=n)
             with fake_world(stage_world):
                 mesh = stage_dims.build_mesh("cpu")
@@ -112,9 +112,10 @@ def describe(plan: StagePlan, run: MemoryRun) -> str:
     return f"pipeline rank {plan.rank} ({part}; {held}): {run.peak_bytes / GIB:.2f} GiB, modelled stage (module doc)"
 
 
-def tracked_stage(cfg: JobConfig, model: Any, mesh: Any, args: ModelArgs, plan: StagePlan) -> dict[str, int]:
+def tracked_stage(cfg: JobConfig, model: Any, mesh: Any, args: ModelArgs, plan: StagePlan) -> list[dict[str, int]]:
     """One synced step (creates the optimizer states), one unsynced microbatch, then under the tracker the peak's
-    forwards and the first one's backward."""
+    forwards and the first one's backward. Two instants: the tracker's peak and the forwards all held (the first
+    backward's start), extrapolated each on its own (memory_run.probed_run)."""
     model.to_empty(device="cpu")
     optimizer = build_adamw(model, cfg)
     batch, seq = cfg.training.local_batch_size, cfg.training.seq_len
@@ -150,9 +151,14 @@ def tracked_stage(cfg: JobConfig, model: Any, mesh: Any, args: ModelArgs, plan: 
             if i:  # per-module stats only (the tracker refuses a root's second forward); the peak is kept
                 tracker.reset_mod_stats()
             held.append(forward())
+        held_all = tracker.get_tracker_snapshot("current")
         backward(held.pop(0))
     snapshot = tracker.get_tracker_snapshot("peak")
-    return categorize(next(iter(snapshot.values())))
+    peak, held_peak = categorize(next(iter(snapshot.values()))), categorize(next(iter(held_all.values())))
+    # the accumulated unsharded gradients are live at both instants, but out of the tracker's sight until the backward
+    # touches them (FSDP2 keeps them on its FSDPParam, not in .grad): the peak's are the same storages
+    held_peak["gradients_unsharded"] = max(held_peak.get("gradients_unsharded", 0), peak.get("gradients_unsharded", 0))
+    return [peak, held_peak]
 
 
 def _sync(model: Any, on: bool) -> None:

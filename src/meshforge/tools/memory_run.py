@@ -350,27 +350,35 @@ def memory_run(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelD
         raise ValueError("memory_run traces the whole model: a pipeline's stages are memory_pp.pp_memory_run's")
     check_cpu_offload(cfg.training.enable_cpu_offload, fsdp_enabled=dims.fsdp_enabled)
 
-    def trace(n: int) -> dict[str, int]:
+    def trace(n: int) -> list[dict[str, int]]:
         probe_args = dataclasses.replace(args, n_layers=n)
         with fake_world(world_size):
             mesh = dims.build_mesh("cpu")
             model = build_step_model(cfg, dims, mesh, probe_args)
             with fake_tensors():
-                return tracked_steps(cfg, model, mesh, probe_args)
+                return [tracked_steps(cfg, model, mesh, probe_args)]
 
     return probed_run(args.n_layers, trace)
 
 
-def probed_run(layers: int, trace: Callable[[int], dict[str, int]]) -> MemoryRun:
-    """``trace`` (bytes by category of a model with n blocks) at the probe block counts, extrapolated to ``layers``."""
+def probed_run(layers: int, trace: Callable[[int], list[dict[str, int]]]) -> MemoryRun:
+    """``trace`` (bytes by category of a model with n blocks, at each candidate instant of the step: the tracker's
+    peak, and where a caller knows one, another instant such as a pipeline stage's forwards all held) at the probe
+    block counts, each instant extrapolated to ``layers`` on its own, the largest total kept: the instant that peaks
+    on a few probe blocks need not be the one that peaks on the whole model (a pipeline stage's end of backward,
+    with the embedding's gradient, outweighs its held forwards on 3 blocks, not on 20)."""
     probes = probe_layers(layers)
-    peaks = [trace(n) for n in probes]
+    traced = [trace(n) for n in probes]
     if len(probes) == 1:
-        return MemoryRun(layers, probes, peaks[0])
-    run = MemoryRun(layers, probes, extrapolate(peaks[1], peaks[2], probes[1], probes[2], layers))
-    if extrapolate(peaks[0], peaks[1], probes[0], probes[1], probes[2]) != peaks[2]:
-        run.notes.append(f"the {probes} block probes are not affine in the block count: the scaling is approximate")
-    return run
+        return MemoryRun(layers, probes, max(traced[0], key=lambda c: sum(c.values())))
+    runs = []
+    for phase in range(len(traced[0])):
+        peaks = [t[phase] for t in traced]
+        run = MemoryRun(layers, probes, extrapolate(peaks[1], peaks[2], probes[1], probes[2], layers))
+        if extrapolate(peaks[0], peaks[1], probes[0], probes[1], probes[2]) != peaks[2]:
+            run.notes.append(f"the {probes} block probes are not affine in the block count: the scaling is approximate")
+        runs.append(run)
+    return max(runs, key=lambda r: r.peak_bytes)
 
 
 def real_cpu_peak(cfg: JobConfig, world_size: int, args: ModelArgs, dims: ParallelDims) -> dict[str, int]:
