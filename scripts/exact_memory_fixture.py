@@ -4,7 +4,8 @@ holds plan/physics/memory.py's per-category terms to. Usage (about 5 min on 2 CP
 
     PYTHONPATH=src python scripts/exact_memory_fixture.py [OUT]
 
-A layout is a published row's config as the step runs it (eager bf16: compile and Float8 swapped, as `meshforge train
+A layout is a published row's config (TorchTitan's rows, plan/accuracy/published.py, and NeMo's at-scale rows,
+plan/accuracy/at_scale.py, pipeline-parallel ones included) as the step runs it (eager bf16: compile and Float8 swapped, as `meshforge train
 --dry-run --memory` does) on its world size; rows sharing one are traced once. Pipeline-parallel rows are traced per
 stage by tools/memory_pp.py (``stage`` records)."""
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from meshforge.config.io import load_config
 from meshforge.errors import ConfigError
+from meshforge.plan.accuracy.at_scale import NEMO_ROWS
 from meshforge.plan.accuracy.published import RUNS
 from meshforge.tools.memory_cli import exact_memory
 
@@ -31,8 +33,8 @@ def eager_overrides(overrides: tuple[str, ...]) -> tuple[str, ...]:
 
 def main(out: Path) -> int:
     records: dict[str, dict[str, object]] = {}
-    for row in RUNS:
-        overrides = eager_overrides(row.overrides)
+    for row in (*RUNS, *NEMO_ROWS):
+        overrides = eager_overrides(tuple(row.overrides.split()) if isinstance(row.overrides, str) else row.overrides)
         key = f"{row.world_size}:{' '.join(overrides)}"
         if key in records:
             records[key]["rows"].append(row.key)  # type: ignore[attr-defined]

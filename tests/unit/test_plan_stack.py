@@ -196,8 +196,13 @@ def test_held_out_at_scale_meets_the_bars() -> None:
     """Issue 38's bars on rows never fitted: NeMo's own BF16 multi-node rows on nemo-h100-bf16 (median <= 10 %) and
     Meta's Llama 3 405B rows as the paper states them (median <= 15 %); the earlier reading (full AC on the 8K rows,
     which the paper says it did not use) is the one that misses."""
-    nemo = [p.error for p in at_scale.predict_nemo() if "bf16" in p.key]
+    preds = [p for p in at_scale.predict_nemo() if "bf16" in p.key]
+    nemo = [p.error for p in preds]
     assert len(nemo) == 10 and at_scale._median(nemo) <= at_scale.NEMO_BAR
+    # the AC is the planner's own memory verdict (issue 44.5): NeMo's published none on 9 of the 10 rows (405B on 576
+    # GPUs: 79.0 GiB predicted with the fitted allocator slack, over 80 GB with the runtime reserve)
+    chosen = [p.estimate.layout.ac_mode for p in preds]
+    assert chosen.count(at_scale.PUBLISHED_AC) >= 9, chosen
     llama = [p.error for p in at_scale.predict_llama3()]
     assert len(llama) == 3 and at_scale._median(llama) <= at_scale.LLAMA3_BAR, llama
     assert at_scale._median([p.error for p in at_scale.predict_llama3("full")]) > at_scale.LLAMA3_BAR

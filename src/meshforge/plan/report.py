@@ -78,6 +78,11 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
     if iv is not None:
         verdict = memory_verdict(est, iv)
     lines.append(f"  {'peak':<28} {est.peak_memory_gib:8.2f}   of {usable:.1f} usable -> {verdict}")
+    if est.runtime_gib:  # issue 44.5: the reserves the verdict assumes, stated
+        lines.append(
+            f"  (usable: the device's {est.capacity_gib:.1f} GiB less {est.runtime_gib:.1f} outside the allocator, "
+            "CUDA context and NCCL buffers, assumed; the allocator's slack is the fitted line above)"
+        )
     lines += moe_lines(est)
     lines += ["", f"step time (s), {est.layout.tokens_per_device_step:,.0f} tokens per device per step:"]
     for key, value in est.time.items():

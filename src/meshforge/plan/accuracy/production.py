@@ -36,6 +36,7 @@ The hardware is the ``h100`` preset. The paper counts TFLOPs/GPU as model FLOPs 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from meshforge.config.io import load_config
@@ -197,19 +198,23 @@ optimizer."""
 AC_MODES = ("none", "selective", "full")
 
 
+def fastest_fitting(
+    overrides: Sequence[str], world_size: int, hw: HardwareProfile, impl: str = "torchtitan"
+) -> tuple[Estimate, str]:
+    """The planner's own memory verdict choosing recomputation: the fastest AC mode (none, selective per-op, full)
+    whose predicted peak fits the device (Estimate.fits: runtime reserve included), the slowest where none fits."""
+    runs = []
+    for mode in AC_MODES:
+        cfg = load_config(None, [*overrides, "--activation_checkpoint.mode", mode])
+        runs.append((estimate(layout_from_config(cfg, world_size, impl=impl), hw), mode))
+    fitting = [r for r in runs if r[0].fits] or runs[-1:]
+    return max(fitting, key=lambda r: r[0].tps_per_device)
+
+
 def predict_cross_stack(hw: HardwareProfile | None = None) -> list[tuple[CrossStackRow, Estimate, str]]:
     """Each ``CROSS_STACK`` row under the fastest AC mode that fits (the slowest mode when none fits)."""
     hw = hw or load_hardware("h100")
-    out = []
-    for row in CROSS_STACK:
-        runs = []
-        for mode in AC_MODES:
-            cfg = load_config(None, [*row.overrides, "--activation_checkpoint.mode", mode])
-            runs.append((estimate(layout_from_config(cfg, row.world_size, impl="torchtitan"), hw), mode))
-        fitting = [r for r in runs if r[0].fits] or runs[-1:]
-        best, mode = max(fitting, key=lambda r: r[0].tps_per_device)
-        out.append((row, best, mode))
-    return out
+    return [(row, *fastest_fitting(row.overrides, row.world_size, hw)) for row in CROSS_STACK]
 
 
 def format_cross_stack(preds: list[tuple[CrossStackRow, Estimate, str]]) -> str:

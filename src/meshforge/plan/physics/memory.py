@@ -68,11 +68,30 @@ def activation_bytes_per_token(args: ModelArgs, layout: Layout, mode: str) -> fl
         if tp > 1:  # w2's output is full-length before its reduce-scatter; both reduce-scatters' outputs are saved
             return sharded / tp + rowwise * e * d * (1 + 2 / tp)
         return sharded + rowwise * e * d
+    if layout.lean_saves:
+        return lean_bytes_per_token(args, layout)
     if layout.compile:
         sharded = 4 * e * d + e * (q + 2 * kv_sdpa) + 2 * e * q + 4 * heads + 2 * e * f
     else:
         sharded = 2 * (NORM_EAGER_BYTES + e) * d + e * (q + 2 * kv_sdpa) + 2 * e * q + 4 * heads + 4 * e * f
     return sharded / tp + gathered
+
+
+def lean_bytes_per_token(args: ModelArgs, layout: Layout) -> float:
+    """What one block without checkpointing saves per token on one TP rank under model.lean_saves, as the exact step
+    saves it op by op (``train --dry-run --by-op``, docs/benchmarks/memory-at-scale.md): each RMSNorm its input and
+    the next matmuls' input (the sequence shard under SP), SDPA's q, K, V, output and fp32 logsumexp (GQA's K/V as
+    they are: the kernel's enable_gqa, no copy per query head), SwiGLU's two matmul outputs and w2's input, and under
+    mixed precision RoPE's cos/sin cast to the compute dtype at every block (FSDP's input cast; not sharded by TP).
+    Context parallel's all-gather core saves the whole sequence's K/V (cp x the local), the ring the local chunk.
+    compile: the same saves (the custom autograd functions fix them; inductor may recompute pointwise ops further:
+    an upper bound, not traced)."""
+    e, tp = DTYPE_BYTES[layout.param_dtype], layout.tp
+    q, kv = args.n_heads * args.head_dim, args.kv_heads * args.head_dim
+    kv_saved = kv * (layout.cp if layout.cp > 1 and layout.cp_impl != "ring" else 1)
+    sharded = 4 * e * args.dim + 2 * e * q + 2 * e * kv_saved + 4 * args.n_heads + 3 * e * args.ffn_hidden_dim
+    rope = e * args.head_dim if layout.param_dtype != "float32" else 0.0
+    return sharded / tp + rope
 
 
 def block_modes(args: ModelArgs, layout: Layout) -> dict[str, float]:

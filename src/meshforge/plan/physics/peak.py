@@ -179,6 +179,8 @@ def loss_bytes(args: ModelArgs, layout: Layout, tokens: float) -> float:
     """The head's rank at the loss: its saved inputs (module docstring) and the loss's fp32 logits and gradients."""
     e, tp, d = DTYPE_BYTES[layout.param_dtype], layout.tp, args.dim
     norm = 2 * e if layout.compile else e + NORM_EAGER_BYTES  # compiled norm: its input and output (assumed)
+    if layout.lean_saves:  # the final norm saves its input; the output matmul its full-length input
+        norm = e
     head = tokens * d * (norm / tp + e)
     per_logit = LOSS_PARALLEL_BYTES_PER_LOGIT if tp > 1 else LOSS_BYTES_PER_LOGIT
     if layout.compiled_loss and tp == 1:  # under loss parallel: DTensor's decomposition, kept (not measured)
