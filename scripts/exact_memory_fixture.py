@@ -1,13 +1,13 @@
 """Run the exact fake-tensor memory step (tools/memory_run.py) on every published layout it can trace and write
 rank 0's peak bytes by category to tests/fixtures/exact_memory.json, the reference tests/unit/test_plan_memory_exact.py
-holds plan/physics/memory.py's per-category terms to. Usage (about 5 min on 2 CPU cores under load):
+holds plan/physics/memory.py's per-category terms to. Usage:
 
     PYTHONPATH=src python scripts/exact_memory_fixture.py [OUT]
 
 A layout is a published row's config (TorchTitan's rows, plan/accuracy/published.py, and NeMo's at-scale rows,
-plan/accuracy/at_scale.py, pipeline-parallel ones included) as the step runs it (eager bf16: compile and Float8 swapped, as `meshforge train
---dry-run --memory` does) on its world size; rows sharing one are traced once. Pipeline-parallel rows are traced per
-stage by tools/memory_pp.py (``stage`` records)."""
+plan/accuracy/at_scale.py) as the step runs it (eager bf16: compile and Float8 swapped, as `meshforge train --dry-run
+--memory` does) on its world size; rows sharing one are traced once. Pipeline-parallel rows are traced per stage by
+tools/memory_pp.py. About 25 min on 2 CPU cores under load."""
 
 from __future__ import annotations
 
