@@ -19,7 +19,7 @@ from meshforge.model.flavors import get_flavor
 from meshforge.model.hf_config import resolve_model_args
 from meshforge.plan.layout import Layout, layout_from_config
 from meshforge.plan.physics.parts import local_param_numel, rank_parts
-from meshforge.plan.physics.peak import rank_allocated
+from meshforge.plan.physics.peak import _gathered, gradient_sync_once, rank_allocated
 
 
 @dataclass(frozen=True)
@@ -128,11 +128,18 @@ def planner_groups(overrides: list[str], world_size: int) -> dict[str, float]:
     slack)."""
     cfg = load_config(None, overrides)
     args = resolve_model_args(cfg.model, cfg.training.seq_len)
-    t = rank_allocated(args, layout_from_config(cfg, world_size), 0)
+    layout = layout_from_config(cfg, world_size)
+    t = rank_allocated(args, layout, 0)
+    # torch's tracker files the unsharded gradients FSDP2 up-casts and accumulates in fp32 (its
+    # unsharded_accumulated_grad) as temporaries, and those it keeps in .grad in the parameter dtype as unsharded
+    # gradients: the planner's accumulated term (in its buffers) goes where the tracker files it
+    upcast = layout.param_dtype != "float32" and layout.accumulate_dtype == "float32"
+    accumulates = layout.pp > 1 or gradient_sync_once(layout)
+    moved = _gathered(args, layout, rank_parts(args, layout, 0)).accumulated if upcast and accumulates else 0.0
     return {
         "parameters": t.parameters,
         "gradients": t.gradients,
         "optimizer": t.optimizer,
-        "activations": t.activations,
-        "buffers": t.buffers,
+        "activations": t.activations + moved,
+        "buffers": t.buffers - moved,
     }
