@@ -18,7 +18,7 @@ from meshforge.bench.runner import classify, error_line
 RECORD_KEYS = {
     "name", "label", "group", "layout", "flags", "flavor", "dtype", "seq_len", "global_batch_size", "local_batch_size",
     "gradient_accumulation_steps", "world_size", "steps", "warmup_steps", "measured_steps", "tps_per_device",
-    "tps_per_device_iqr", "tps_per_device_min", "tps_per_device_max", "job_tps", "tflops", "mfu_pct",
+    "tps_per_device_iqr", "tps_per_device_min", "tps_per_device_max", "job_tps", "tflops", "mfu_pct", "mfu_causal_pct",
     "peak_memory_gib", "final_loss", "loss_curve", "bubble_pct", "wall_s", "startup_s", "status", "error", "parity",
     "command", "fingerprint",
 }  # fmt: skip
