@@ -173,8 +173,17 @@ def plan_rows(checks: list[gc.Check], budget_s: float) -> tuple[list[dict[str, A
 
 
 def run(checks: list[gc.Check], out: Path, budget_s: float, device: str, dry: bool) -> int:
+    """The checks in order within ``budget_s``; each check's full output in ``out/logs`` (gpu_check's ``LOGS``, put
+    back afterwards), beside the results, so it comes back from the device."""
+    logs, gc.LOGS = gc.LOGS, out / "logs"
+    try:
+        return run_checks(checks, out, budget_s, device, dry)
+    finally:
+        gc.LOGS = logs
+
+
+def run_checks(checks: list[gc.Check], out: Path, budget_s: float, device: str, dry: bool) -> int:
     deadline = time.monotonic() + budget_s
-    gc.LOGS = out / "logs"  # each check's full output beside its results (so it comes back from the device)
     rows, dropped = plan_rows(checks, budget_s)
     info = {**gc.env_info(), "mode": "dry run" if dry else "run", "device_flag": device}
     outcomes: list[gc.Outcome] = []
