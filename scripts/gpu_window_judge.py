@@ -42,7 +42,7 @@ def judge_local(outcomes: dict[str, Outcome], device: str) -> dict[str, Any]:
             o.details["why"] = (o.tail.strip().splitlines() or [""])[-1][:300]
     for name, ref_name in LOCAL_REFERENCE.items():
         run, ref = outcomes.get(name), outcomes.get(ref_name)
-        if not (run and run.status == "ok"):
+        if not (run and run.status in ("ok", "wrong")):  # "wrong": judged after an earlier check, judged again
             continue
         if not (ref and ref.status == "ok"):
             run.status, run.tail = "unchecked", f"its reference {ref_name} did not pass: values unchecked"

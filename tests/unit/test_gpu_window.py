@@ -89,6 +89,7 @@ def test_the_verdicts_read_their_references() -> None:
     out["lr_ep2"] = gc.Outcome("lr_ep2", "failed", 1.0, {}, "ConfigError: --local-ranks 2 needs torch's local tensors")
     verdict = gw.judge.judge_local(out, "cpu")
     assert out["lr_tp2"].status == "wrong" and verdict["lr_tp2_losses_max_rel_diff"] > 1e-5
+    assert gw.judge.judge_local(out, "cpu") == verdict  # the verdict is recomputed after every check: the same
     assert out["lr_ep2"].status == "unsupported"
     mem = {"mem_1b_full": gc.Outcome("mem_1b_full", "ok", 1.0, {"max_memory_allocated_gib": 30.0})}
     mem["mem_1b_full"].details["max_memory_reserved_gib"] = 32.0
