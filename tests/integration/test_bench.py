@@ -14,11 +14,12 @@ from meshforge.bench.machine import noise_warnings
 from meshforge.bench.matrix import load_matrix, parse_matrix
 from meshforge.bench.report import attach_parity, render_report
 from meshforge.bench.runner import classify, error_line
+from meshforge.model.flavors import MFU_CAUSAL_LABEL, MFU_LABEL
 
 RECORD_KEYS = {
     "name", "label", "group", "layout", "flags", "flavor", "dtype", "seq_len", "global_batch_size", "local_batch_size",
     "gradient_accumulation_steps", "world_size", "steps", "warmup_steps", "measured_steps", "tps_per_device",
-    "tps_per_device_iqr", "tps_per_device_min", "tps_per_device_max", "job_tps", "tflops", "mfu_pct",
+    "tps_per_device_iqr", "tps_per_device_min", "tps_per_device_max", "job_tps", "tflops", "mfu_pct", "mfu_causal_pct",
     "peak_memory_gib", "final_loss", "loss_curve", "bubble_pct", "wall_s", "startup_s", "status", "error", "parity",
     "command", "fingerprint",
 }  # fmt: skip
@@ -227,3 +228,5 @@ def test_report_renders_without_any_successful_run() -> None:
     }  # fmt: skip
     text = render_report(results, compare_with="reference")
     assert "No strategy finished" in text and "| `a` | failed | boom |" in text
+    # both MFU conventions, labelled (issue 46.5); a record written before mfu_causal_pct existed still renders
+    assert "| MFU % | MFU % causal |" in text and MFU_LABEL in text and MFU_CAUSAL_LABEL in text

@@ -108,6 +108,7 @@ def make_record(matrix: BenchMatrix, run: BenchRun, reps: list[Repetition]) -> d
         "job_tps": None if tps is None else tps * run.ranks,
         "tflops": _median([m.get("tflops") for m in steady]),
         "mfu_pct": _median([m.get("mfu_pct") for m in steady]),
+        "mfu_causal_pct": _median([m.get("mfu_causal_pct") for m in steady]),
         "peak_memory_gib": max((m["peak_memory_gib"] for m in steady), default=None),
         "step_time_s": _median([m.get("step_time_s") for m in steady]),
         "data_loading_pct": _median([m.get("data_loading_pct") for m in steady]),

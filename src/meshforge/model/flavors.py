@@ -313,6 +313,23 @@ def flops_per_token(args: ModelArgs, seq_len: int) -> float:
     uses: routers, shared experts and top_k / n_experts of the routed experts (TorchTitan's convention).
     """
     counts = param_counts(args)
-    attention = 12 * args.n_layers * args.n_heads * args.head_dim * seq_len
     tied_output = counts.embedding if args.tie_embeddings else 0  # a tied output projection is still a matmul
-    return float(6 * (counts.active - counts.embedding + tied_output) + attention)
+    return float(6 * (counts.active - counts.embedding + tied_output) + attention_flops_per_token(args, seq_len))
+
+
+MFU_LABEL = "MFU (TorchTitan convention, attention counted in full)"
+"""What ``mfu_pct`` is, wherever it is printed: tokens/s x ``flops_per_token`` / peak."""
+MFU_CAUSAL_LABEL = "MFU (causal, attention halved, Megatron-Bridge convention)"
+"""What ``mfu_causal_pct`` is: tokens/s x ``causal_flops_per_token`` / the same peak."""
+
+
+def attention_flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    """The score-matrix term of ``flops_per_token``, counted in full: 12 x layers x heads x head_dim x seq_len
+    (forward QK^T and PV, 2 x 2 x heads x head_dim x seq_len per layer, times 3 for forward + backward)."""
+    return float(12 * args.n_layers * args.n_heads * args.head_dim * seq_len)
+
+
+def causal_flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    """``flops_per_token`` with the attention term halved (a causal kernel skips the masked half of the score
+    matrix): the convention of Megatron-Bridge's MFU. Only the attention term is halved; the 6 x parameters stay."""
+    return flops_per_token(args, seq_len) - attention_flops_per_token(args, seq_len) / 2

@@ -4,6 +4,10 @@ Definitions (TorchTitan's, so figures compare): tokens/s per device = tokens thi
 interval / (seconds x cp x tp x pp); TFLOPs = flops_per_token x tokens/s per device; MFU = that / the peak FLOP/s of one
 device (device/peak.py: a table of exact GPU models; on a CPU the cached matmul probe in the run's dtype, raised to
 the highest FLOP/s a logged interval reached when that is higher, and said so). No MFU with Float8 or an unknown GPU.
+
+MFU comes in two conventions, both per record: ``mfu_pct``, MFU (TorchTitan convention, attention counted in full:
+12 x L x H x Q x T), and ``mfu_causal_pct``, MFU (causal, attention halved, Megatron-Bridge convention): the same
+tokens/s over ``flops_per_token_causal`` (model/flavors.causal_flops_per_token), the same peak.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class MetricsLogger:
         rank: int,
         console: bool,
         flops_per_token: float,
+        flops_per_token_causal: float | None = None,
         peak_flops: float | None,
         peak_source: str,
         non_dp_size: int,
@@ -79,6 +84,7 @@ class MetricsLogger:
     ) -> None:
         self.rank, self.console, self.device = rank, console, device
         self.flops_per_token, self.peak_flops, self.peak_source = flops_per_token, peak_flops, peak_source
+        self.flops_per_token_causal = flops_per_token if flops_per_token_causal is None else flops_per_token_causal
         self.non_dp_size = non_dp_size
         self.peak_from_probe = peak_from_probe  # a measured (CPU) peak: what the run itself reaches bounds it
         self.interval = Interval()
@@ -150,6 +156,7 @@ class MetricsLogger:
             memory = float(mem.item())
         tps = self.interval.tokens / (elapsed * self.non_dp_size)
         self._bound_peak(self.flops_per_token * tps)
+        peak = self.peak_flops or 1.0
         record: dict[str, Any] = {
             "step": step,
             "loss": float(loss),
@@ -158,6 +165,7 @@ class MetricsLogger:
             "tps": tps,
             "tflops": self.flops_per_token * tps / 1e12,
             "mfu_pct": None if self.peak_flops is None else 100 * self.flops_per_token * tps / self.peak_flops,
+            "mfu_causal_pct": None if self.peak_flops is None else 100 * self.flops_per_token_causal * tps / peak,
             "peak_memory_gib": memory,
             "data_loading_pct": 100 * self.interval.data_seconds / elapsed,
             "step_time_s": elapsed,
@@ -207,6 +215,8 @@ class MetricsLogger:
 
 def print_record(r: dict[str, Any]) -> None:
     mfu = "n/a" if r["mfu_pct"] is None else f"{r['mfu_pct']:.2f}%"
+    if r.get("mfu_causal_pct") is not None:
+        mfu += f" (causal {r['mfu_causal_pct']:.2f}%)"
     line = (
         f"step {r['step']:>5}  loss {r['loss']:8.4f}  grad_norm {r['grad_norm']:7.3f}  lr {r['lr']:.2e}  "
         f"tps {r['tps']:9.1f}  tflops {r['tflops']:7.3f}  mfu {mfu}  mem {r['peak_memory_gib']:.2f}GiB  "

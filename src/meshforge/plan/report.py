@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshforge.model.flavors import param_counts
+from meshforge.model.flavors import MFU_CAUSAL_LABEL, MFU_LABEL, param_counts
 from meshforge.plan import shipped
 from meshforge.plan.accuracy import fit as fitting
 from meshforge.plan.accuracy.fit import Fit, MemoryFit
@@ -89,6 +89,7 @@ def format_estimate(est: Estimate, hw: HardwareProfile, iv: Interval | None = No
         lines.append(f"  {TIME_LABELS[key]:<50} {value:9.4f}  {value / est.step_time:6.1%}")
     lines.append(f"  {'total':<50} {est.step_time:9.4f}")
     lines += ["", f"tokens/s per device: {est.tps_per_device:,.1f}    MFU: {est.mfu_pct:.1f} %"]
+    lines += [f"  {MFU_LABEL}: {est.mfu_pct:.1f} %; {MFU_CAUSAL_LABEL}: {est.mfu_causal_pct:.1f} %"]
     if iv is not None:
         lines.append(
             f"interval (+-1 sd; {iv.spread or 'spread + constants covariance'}): {iv.tps_low:,.1f} - "

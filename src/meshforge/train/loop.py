@@ -29,7 +29,7 @@ from meshforge.device.peak import device_peak_flops
 from meshforge.device.precision import autocast_context as autocast
 from meshforge.device.precision import resolve_param_dtype
 from meshforge.device.transfer import to_device
-from meshforge.model.flavors import ModelArgs, flops_per_token
+from meshforge.model.flavors import ModelArgs, causal_flops_per_token, flops_per_token
 from meshforge.model.hf_config import model_args_for
 from meshforge.model.llama import build_model
 from meshforge.model.loss import cross_entropy, loss_parallel_context
@@ -241,6 +241,7 @@ def build_metrics(cfg: JobConfig, ctx: DistContext, dims: ParallelDims, args: Mo
         # with log files every rank prints; train/logs.py keeps the console to job.log_rank
         console=ctx.rank in logging_ranks(cfg.job.log_rank, ctx.world_size) or cfg.job.log_to_files,
         flops_per_token=flops_per_token(args, cfg.training.seq_len),
+        flops_per_token_causal=causal_flops_per_token(args, cfg.training.seq_len),
         peak_flops=None if float8 else peak,
         peak_source=source,
         peak_from_probe=ctx.device.type == "cpu",

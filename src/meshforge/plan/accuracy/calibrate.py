@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from meshforge.config.io import ConfigError, read_data
-from meshforge.model.flavors import flops_per_token, get_flavor
+from meshforge.model.flavors import causal_flops_per_token, get_flavor
 from meshforge.plan.accuracy.fit import Fit, MemoryFit, Observation, allocated_gib, fit_time
 from meshforge.plan.accuracy.memory_fit import fit_memory_terms
 from meshforge.plan.hardware import HardwareProfile
@@ -181,9 +181,7 @@ def compare(obs: Sequence[Observation], hw: HardwareProfile) -> list[dict[str, A
 
 def min_flops_per_token(obs: Observation) -> float:
     """The fewest training FLOPs a token of the run's model needs: flops_per_token with causal attention."""
-    args = layout_args(obs.layout)
-    full_attention = 12 * args.n_layers * args.n_heads * args.head_dim * obs.layout.seq_len
-    return flops_per_token(args, obs.layout.seq_len) - full_attention / 2
+    return causal_flops_per_token(layout_args(obs.layout), obs.layout.seq_len)
 
 
 def max_tps_per_device(obs: Observation, hw: HardwareProfile) -> float:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshforge.config.io import ConfigError
-from meshforge.model.flavors import ModelArgs, flops_per_token
+from meshforge.model.flavors import ModelArgs, causal_flops_per_token, flops_per_token
 from meshforge.parallel.pipeline.simulator import StageCost, StepResult, simulate
 from meshforge.plan.hardware import HardwareProfile
 from meshforge.plan.layout import Layout, layout_args, stage_layer_counts
@@ -47,8 +47,7 @@ ROPE_TRAFFIC = {"meshforge": 48, "torchtitan": 20}
 """Eager RoPE bytes per q/k element: meshforge rotates real pairs in fp32 (cast, four muls, two adds, stack, cast back);
 TorchTitan multiplies complex numbers (cast, one complex mul, cast back)."""
 CP_MERGE_TRAFFIC = 16
-"""Bytes per attention-output element per context-parallel step: torch's CP merges each block's output and
-log-sum-exp into the running result in fp32 (read and write both, forward; twice that backward)."""
+"""Bytes per output element per CP step: each block's output and LSE merged in fp32 (r + w; twice that backward)."""
 
 
 @dataclass(frozen=True)
@@ -340,12 +339,12 @@ class Estimate:
     time: dict[str, float]
     step_time: float
     tps_per_device: float
-    mfu_pct: float
+    mfu_pct: float  # model/flavors.MFU_LABEL: TorchTitan's convention, attention counted in full
+    mfu_causal_pct: float  # model/flavors.MFU_CAUSAL_LABEL: attention halved (Megatron-Bridge)
     capacity_gib: float
     runtime_gib: float
     warnings: list[str] = field(default_factory=list)
-    sync: tuple[str, str] = ("", "")
-    """[gradient_sync] mode and regather as priced (``auto`` resolved by memory: peak.py resolve_gradient_sync)."""
+    sync: tuple[str, str] = ("", "")  # [gradient_sync] mode, regather as priced (auto resolved: peak.py)
 
     @property
     def peak_memory_gib(self) -> float:
@@ -361,6 +360,7 @@ class Estimate:
             "tps_per_device": round(self.tps_per_device, 2),
             "peak_memory_gib": round(self.peak_memory_gib, 2),
             "mfu_pct": round(self.mfu_pct, 2),
+            "mfu_causal_pct": round(self.mfu_causal_pct, 2),
             "fits": self.fits,
             "capacity_gib": round(self.capacity_gib - self.runtime_gib, 2),
             "step_time_s": round(self.step_time, 4),
@@ -418,6 +418,7 @@ def estimate(layout: Layout, hw: HardwareProfile) -> Estimate:
         step_time=step,
         tps_per_device=tps,
         mfu_pct=100 * tps * flops_per_token(args, layout.seq_len) / r.nominal_peak,
+        mfu_causal_pct=100 * tps * causal_flops_per_token(args, layout.seq_len) / r.nominal_peak,
         capacity_gib=hw.spec.device_memory_gib(layout.world_size),
         runtime_gib=hw.spec.runtime_gib,
         warnings=layout_warnings(layout, hw),
