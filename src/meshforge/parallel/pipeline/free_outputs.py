@@ -13,9 +13,10 @@ torch's ``PipelineStage`` (2.13) keeps, per stage and microbatch:
 
 Freeing the output after the send: the send's tensor is a detached alias of the output's storage, so the output is
 pointed at a one-element placeholder (expanded to its shape) and the old storage lives exactly as long as the send
-holds it (the backend's work object: NCCL stashes it until the op completes, gloo until the work is dropped). Nothing
-is resized in place while a send may still read it. An output whose storage anything else shares (a view, its base, a
-copy autograd saved, e.g. an ``exp`` output) is left alone: :func:`release_output` counts the storage's users.
+holds it (the backend keeps the send's tensor until the op completes: NCCL by recordStream or its stash, gloo until
+the work is dropped). Nothing is resized in place while a send may still read it. An output whose storage anything
+else shares (a view, its base, a copy autograd saved, e.g. an ``exp`` output) is left alone: :func:`release_output`
+counts the storage's users.
 Not changed: V-schedules pass tensors between a rank's adjacent stages without a send; torch keeps those aliases in
 the receive slots until the next step.
 """
