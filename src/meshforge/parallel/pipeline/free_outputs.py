@@ -17,8 +17,9 @@ holds it (the backend keeps the send's tensor until the op completes: NCCL by re
 the work is dropped). Nothing is resized in place while a send may still read it. An output whose storage anything
 else shares (a view, its base, a copy autograd saved, e.g. an ``exp`` output) is left alone: :func:`release_output`
 counts the storage's users.
-Not changed: V-schedules pass tensors between a rank's adjacent stages without a send; torch keeps those aliases in
-the receive slots until the next step.
+V-schedules pass tensors between a rank's adjacent stages without a send: the receive slot holds an alias of the
+previous stage's output (the next stage's input, saved by its norm) or of the next stage's input gradient, which torch
+keeps until the next step's pass; here the slot gets a placeholder after the microbatch's last backward action.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class LeanPipelineStage(TimedPipelineStage):
         super().__init__(*args, **kwargs)
         self.released_bytes = 0
         self._in_use: dict[int, list[torch.Tensor]] = {}  # microbatch -> buffers its receives filled
+        self._local: dict[int, list[Any]] = {}  # microbatch -> receive slots a same-rank stage filled (V-schedules)
 
     def _setup_forward_recv_info(self, *args: Any, **kwargs: Any) -> None:
         super()._setup_forward_recv_info(*args, **kwargs)  # type: ignore[misc]
@@ -123,11 +125,17 @@ class LeanPipelineStage(TimedPipelineStage):
         result: list[dist.P2POp] = ops(chunk)
         return result
 
+    def set_local_fwd_input(self, prev_stage_outputs: Any, mb_index: int) -> None:
+        """V-schedules pass a rank's stage output to its next stage without a send: the slot holds an alias of it."""
+        super().set_local_fwd_input(prev_stage_outputs, mb_index)
+        self._local.setdefault(mb_index, []).extend(self.args_recv_info[mb_index])
+
     def set_local_bwd_input(self, next_stage_bwd_outputs: Any, mb_index: int) -> None:
-        """V-schedules pass gradients between a rank's own stages; torch zeroes the buffer for a missing one."""
+        """The same for gradients; torch zeroes the slot's buffer for a missing one."""
         for buffer in _buffers(self.grad_recv_info[mb_index]):
             restore_buffer(buffer)
         super().set_local_bwd_input(next_stage_bwd_outputs, mb_index)
+        self._local.setdefault(mb_index, []).extend(self.grad_recv_info[mb_index])
 
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
         ops = super().get_fwd_send_ops(fwd_chunk_id)
@@ -160,3 +168,8 @@ class LeanPipelineStage(TimedPipelineStage):
         for buffer in self._in_use.pop(chunk, []):
             buffer.grad = None
             self.released_bytes += release_buffer(buffer)
+        for info in self._local.pop(chunk, []):  # torch would keep the alias until the next step's pass
+            if getattr(info, "buffer", None) is not None:
+                info.buffer = torch.empty((), dtype=info.buffer.dtype, device=info.buffer.device).expand(
+                    info.buffer.shape
+                )
