@@ -1,7 +1,7 @@
 """training.loss_chunks on FSDP 2, FSDP 2 x TP 2 (loss parallel: vocab-sharded chunk logits, the parallel
-cross-entropy) and PP 2 (the last stage's forward returns the chunked loss): the same losses and grad norms as the
-full-logits loss on the same layout within 1e-6 (fp32, same seed), and the single process's within the parity
-tolerance."""
+cross-entropy), PP 2 and PP 2 x TP 2 (the last stage's forward returns the chunked loss): the same losses and grad
+norms as the full-logits loss on the same layout within 1e-6 (fp32, same seed), and the single process's within the
+parity tolerance."""
 
 from __future__ import annotations
 
@@ -35,3 +35,9 @@ def test_fsdp2_tp2_loss_parallel_chunked_loss_matches_unchunked() -> None:
 def test_pp2_chunked_loss_matches_unchunked() -> None:
     layout = ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2"]
     assert_chunked_matches_unchunked(2, layout, chunks=3)
+
+
+def test_pp2_tp2_loss_parallel_chunked_loss_matches_unchunked() -> None:
+    """The last stage's logits chunked under loss parallel: vocab-sharded chunk logits on the last pipeline stage."""
+    layout = ["--training.local_batch_size", "8", "--parallelism.pipeline_parallel_degree", "2"]
+    assert_chunked_matches_unchunked(4, [*layout, "--parallelism.tensor_parallel_degree", "2"], chunks=3)

@@ -158,3 +158,40 @@ def test_each_instant_is_extrapolated_on_its_own() -> None:
     run = probed_run(20, trace)
     assert run.by_category == {"activations": 100}, run.by_category
     assert probed_run(4, trace).by_category == {"activations": 16, "temporaries": 10}  # run whole: the larger
+
+
+def _stage_peak(chunks: int, last: bool) -> int:
+    """The exact step's peak of pipeline rank 0 or 1 of 2 (tools/memory_pp.py), 2 blocks, 512 tokens."""
+    from meshforge.tools.dry_run import fake_world
+    from meshforge.tools.memory_pp import stage_config, stage_plans, tracked_stage
+    from meshforge.tools.memory_run import build_step_model, fake_tensors
+
+    pp = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "4"]
+    cfg = small([*pp, "--training.seq_len", "512", "--training.loss_chunks", str(chunks)])
+    args = dataclasses.replace(resolve_model_args(cfg.model, cfg.training.seq_len), n_layers=2)
+    plan = next(p for p in stage_plans(cfg, args) if p.last == last)
+    stage_cfg = stage_config(cfg)
+    with fake_world(1):
+        dims = ParallelDims.from_config(stage_cfg.parallelism, 1)
+        model = build_step_model(stage_cfg, dims, dims.build_mesh("cpu"), args, stage=(plan.first, plan.last))
+        with fake_tensors():
+            return max(sum(phase.values()) for phase in tracked_stage(stage_cfg, model, None, args, plan))
+
+
+def test_pipeline_last_stage_chunks_its_logits_in_the_exact_step() -> None:
+    """training.loss_chunks under PP: the last stage's forward computes the loss chunk by chunk (model/loss.py), and
+    the exact step runs it so: its peak drops by most of the full logits (512 tokens x 2048 vocab, fp32 in the loss)."""
+    logits = 512 * 2048 * 4
+    full, chunked = _stage_peak(1, last=True), _stage_peak(8, last=True)
+    assert full - chunked > logits, (full, chunked, logits)
+
+
+def test_pipeline_stage_outputs_are_freed_in_the_exact_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-last stage's sent outputs hold no memory in the exact step, as in training (free_outputs.py): keeping
+    them costs at least one held forward's output (512 tokens x 64 dim, bf16) more."""
+    import meshforge.tools.memory_pp as memory_pp
+
+    freed = _stage_peak(1, last=False)
+    monkeypatch.setattr(memory_pp, "release_output", lambda out, aliases: 0)
+    kept = _stage_peak(1, last=False)
+    assert kept - freed >= 512 * 64 * 2, (kept, freed)

@@ -9,10 +9,12 @@ training does on one pipeline rank's sub-mesh (FSDP with resharding off, as unde
 forwards held as the rank has stage-microbatches in flight (counted in the schedule's own order by
 parallel/pipeline/simulator.py, as plan/physics/schedules.py counts them; divided by the rank's stages for an
 interleaved schedule, whose forwards each run one stage's blocks while this module runs all the rank's), then the first
-one's backward. One untracked microbatch before it runs forward + backward without gradient sync, so the unsharded
-gradients accumulate as in the schedule's steady state (FSDP neither syncs nor reshards between microbatches under
-PP). The first and the last pipeline ranks are traced (embedding vs output and loss); the record is the busier one's,
-the other in a note.
+one's backward. Stage boundaries as parallel/pipeline/free_outputs.py leaves them: each held forward has its own
+received input (a non-first rank; the first block's RMSNorm saves it), and a non-last rank's output is freed once sent
+(its autograd node stays); inside the module the boundary between two of the rank's stages is the next stage's input.
+One untracked microbatch before it runs forward + backward without gradient sync, so the unsharded gradients accumulate
+as in the schedule's steady state (FSDP neither syncs nor reshards between microbatches under PP). The first and the
+last pipeline ranks are traced (embedding vs output and loss); the record is the busier one's, the other in a note.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.cpu_offload import check_cpu_offload
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.pipeline import catalog, simulator, split
+from meshforge.parallel.pipeline.free_outputs import release_output
 from meshforge.tools.dry_run import fake_world
 from meshforge.tools.memory_run import (
     GIB,
@@ -128,29 +131,42 @@ def tracked_stage(cfg: JobConfig, model: Any, mesh: Any, args: ModelArgs, plan: 
     loss_parallel = tp_mesh is not None and not cfg.parallelism.disable_loss_parallel
     dtype = getattr(torch, cfg.training.mixed_precision_param)
     sp = tp_mesh.size() if tp_mesh is not None else 1  # the hidden states between stages are sequence-sharded
-    inputs = tokens if plan.first else torch.randn(batch, local // sp, args.dim, dtype=dtype, requires_grad=True)
 
-    def forward() -> torch.Tensor:
+    def received() -> torch.Tensor:  # a stage-microbatch's receive buffer (its first block's norm saves it)
+        return torch.randn(batch, local // sp, args.dim, dtype=dtype, requires_grad=True)
+
+    chunked = plan.last and cfg.training.loss_chunks > 1  # the last stage's forward returns the chunked loss
+    model.loss_chunks = cfg.training.loss_chunks
+
+    def forward(inputs: torch.Tensor) -> torch.Tensor:
         with loss_parallel_context(loss_parallel):
+            if chunked:
+                return model(inputs, positions, labels)
             out = model(inputs, positions)
-            return cross_entropy(out, labels) if plan.last else out
+            if plan.last:
+                return cross_entropy(out, labels)
+            release_output(out, aliases=0)  # sent: the stage keeps its autograd node only (free_outputs.py)
+            return out
 
     def backward(out: torch.Tensor) -> None:
         with loss_parallel_context(loss_parallel):
             out.backward() if plan.last else out.backward(torch.ones_like(out))
 
-    backward(forward())
+    backward(forward(tokens if plan.first else received()))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     _sync(model, False)
-    backward(forward())
+    backward(forward(tokens if plan.first else received()))
+    inputs = [tokens if plan.first else received() for _ in range(plan.forwards)]
     tracker = build_tracker(model, optimizer)
+    if hasattr(tracker, "track_inputs") and not plan.first:  # FSDPMemTracker: held as inputs, not temporaries
+        tracker.track_inputs(inputs)
     with tracker:
         held = []
         for i in range(plan.forwards):
             if i:  # per-module stats only (the tracker refuses a root's second forward); the peak is kept
                 tracker.reset_mod_stats()
-            held.append(forward())
+            held.append(forward(inputs[i]))
         held_all = tracker.get_tracker_snapshot("current")
         backward(held.pop(0))
     snapshot = tracker.get_tracker_snapshot("peak")

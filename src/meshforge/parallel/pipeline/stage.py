@@ -4,7 +4,8 @@
 compatibility with FSDP resharding and compile), so a bad configuration is a ValueError before any rank waits on
 another. Then, for each stage this pipeline rank runs, it copies the meta-device model, keeps only the stage's modules,
 hands the part to ``parallelize_part`` (TP / AC / compile / FSDP), materialises it and initialises it by parameter name
-(so every stage holds exactly the weights the whole model would), and wraps it in a timed ``PipelineStage``.
+(so every stage holds exactly the weights the whole model would), and wraps it in a timed ``PipelineStage`` that frees
+sent outputs and idle receive buffers (free_outputs.py).
 
 ``Pipeline.step`` runs one schedule step over a local batch and returns the true loss on every rank (the loss exists
 only where the last stage runs; it is summed over the pipeline group).
@@ -31,12 +32,12 @@ from meshforge.parallel.cpu_offload import materialize
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.pipeline.bubble import (
     BusyClock,
-    TimedPipelineStage,
     compute_actions,
     idle_shares_by_pp_rank,
     simulate_idle_shares,
     single_stage_theory,
 )
+from meshforge.parallel.pipeline.free_outputs import LeanPipelineStage
 from meshforge.parallel.pipeline.schedule import (
     ScheduleSpec,
     build_schedule,
@@ -74,7 +75,7 @@ class Pipeline:
 
     spec: ScheduleSpec
     schedule: _PipelineSchedule
-    stages: list[TimedPipelineStage]
+    stages: list[LeanPipelineStage]
     pp_group: dist.ProcessGroup
     n_microbatches: int
     loss: ScaledLoss
@@ -291,14 +292,14 @@ def build_pipeline(
     assert pp_mesh is not None, "build_pipeline needs a mesh with a pp axis"
     pp_group, pp_rank = pp_mesh.get_group(), pp_mesh.get_local_rank()
     clock = BusyClock(device)
-    stages: list[TimedPipelineStage] = []
+    stages: list[LeanPipelineStage] = []
     for index in sorted(s for s, r in ranks.items() if r == pp_rank):
         part = prune_to_stage(model, modules[index])
         parallelize_part(part)
         materialize(part, device, cpu_offload=training.enable_cpu_offload)
         part.init_weights(training.seed)
         part.train()
-        stages.append(TimedPipelineStage(part, index, len(modules), device, group=pp_group, clock=clock))
+        stages.append(LeanPipelineStage(part, index, len(modules), device, group=pp_group, clock=clock))
     chunked = training.loss_chunks > 1  # the last stage's forward computes the loss from the labels keyword
     loss = ScaledLoss(loss_from_forward if chunked else loss_fn, clock)
     schedule = build_schedule(spec, stages, n_micro, loss)
