@@ -61,3 +61,18 @@ def test_median_peak_error_is_small() -> None:
         exact, planner = _errors(layout)
         errors.append(abs(sum(planner.values()) / sum(exact.values()) - 1))
     assert statistics.median(errors) <= MEDIAN_TOL, f"median |planner / exact - 1| = {statistics.median(errors):.2%}"
+
+
+GPU_WINDOW = json.loads(Path("docs/benchmarks/gpu/memory_expected.json").read_text())
+"""The GPU window's one-rank memory checks (Llama 3.2 1B / 3B, seq 8192, bf16 under autocast: no FSDP) with the exact
+step's peak (scripts/gpu_window_memory.py expect)."""
+
+
+@pytest.mark.parametrize("name", sorted(GPU_WINDOW))
+def test_planner_matches_the_exact_step_on_one_rank_under_autocast(name: str) -> None:
+    """Without FSDP training computes under autocast (fp32 residual stream, cast copies of inputs and weights): the
+    planner's terms for it (memory.autocast_bytes_per_token, peak.autocast_weight_bytes) within PEAK_TOL."""
+    flags = [f for f in GPU_WINDOW[name]["flags"] if f not in ("--training.device", "cuda", "--training.deterministic")]
+    planner = sum(planner_groups(flags, 1).values()) / 2**30
+    exact = GPU_WINDOW[name]["exact_peak_gib"]
+    assert planner / exact - 1 == pytest.approx(0, abs=PEAK_TOL), (planner, exact)

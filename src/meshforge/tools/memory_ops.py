@@ -31,7 +31,7 @@ from meshforge.parallel.context_parallel import resolve_cp_impl, shard_batch
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.tools.dry_run import fake_world
 from meshforge.tools.memory_pp import stage_config
-from meshforge.tools.memory_run import build_step_model, fake_tensors
+from meshforge.tools.memory_run import build_step_model, fake_tensors, step_autocast
 
 MIB = 2**20
 REPORTED_BLOCK = "layers.1"
@@ -182,7 +182,7 @@ def saved_by_op(cfg: JobConfig, world_size: int, args: ModelArgs, dims: Parallel
             loss_parallel = sub_mesh(mesh, "tp") is not None and not cfg.parallelism.disable_loss_parallel
             recorder = SaveRecorder()
             model.loss_chunks = cfg.training.loss_chunks  # type: ignore[assignment]
-            with recorder.recording(model), loss_parallel_context(loss_parallel):
+            with recorder.recording(model), loss_parallel_context(loss_parallel), step_autocast(cfg, model):
                 if cfg.training.loss_chunks > 1:  # the loss inside forward (model/loss.py)
                     model(tokens, positions, labels)
                 else:

@@ -42,6 +42,7 @@ from meshforge.tools.memory_run import (
     categorize,
     fake_tensors,
     probed_run,
+    step_autocast,
 )
 
 
@@ -139,7 +140,7 @@ def tracked_stage(cfg: JobConfig, model: Any, mesh: Any, args: ModelArgs, plan: 
     model.loss_chunks = cfg.training.loss_chunks
 
     def forward(inputs: torch.Tensor) -> torch.Tensor:
-        with loss_parallel_context(loss_parallel):
+        with loss_parallel_context(loss_parallel), step_autocast(cfg, model):
             if chunked:
                 return model(inputs, positions, labels)
             out = model(inputs, positions)

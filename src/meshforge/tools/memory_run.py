@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from meshforge.config.schema import JobConfig
+from meshforge.device.precision import autocast_context
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.llama import build_model
 from meshforge.model.loss import cross_entropy, loss_parallel_context
@@ -171,6 +172,15 @@ def build_step_model(
     return model
 
 
+def step_autocast(cfg: JobConfig, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """Training's autocast (device/precision.py): without FSDP nobody casts the parameters, so a bf16 / fp16 run
+    computes under autocast (its activations in that dtype, with autocast's cached casts of the weights)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    fsdp = isinstance(model, FSDPModule)
+    return autocast_context(cfg.training.mixed_precision_param, torch.device("cpu"), fsdp_enabled=fsdp)
+
+
 def build_adamw(model: nn.Module, cfg: JobConfig) -> torch.optim.Optimizer:
     """train/optim.py's AdamW hyperparameters, for-loop implementation (module docstring)."""
     o = cfg.optimizer
@@ -228,7 +238,8 @@ def tracked_steps(
         if zero:
             optimizer.zero_grad(set_to_none=True)
         with loss_parallel_context(loss_parallel), offload.hooks(cfg.activation_checkpoint.offload, blocks_of([model])):
-            loss = model(inputs, positions, labels) if chunked else cross_entropy(model(inputs, positions), labels)
+            with step_autocast(cfg, model):
+                loss = model(inputs, positions, labels) if chunked else cross_entropy(model(inputs, positions), labels)
             loss.backward()
 
     forward_backward()

@@ -38,6 +38,8 @@ from meshforge.plan.physics.memory import (
     LOSS_PARALLEL_BYTES_PER_LOGIT,
     NORM_EAGER_BYTES,
     STATE_BYTES,
+    autocast,
+    block_modes,
     offload_kept_bytes_per_token,
     routed_bytes_per_token,
     saved_bytes_per_token,
@@ -147,6 +149,7 @@ def rank_allocated(args: ModelArgs, layout: Layout, rank: int) -> PeakTerms:
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
     view = compute_view(args, layout.tp, layout.ep)  # MoE: the active FFN width (args itself for dense flavors)
     per_layer = (saved_bytes_per_token(view, layout) + routed_bytes_per_token(args, layout)) * tokens
+    per_layer += autocast_weight_bytes(args, layout)
     mean_stage = parts.layers / max(1, len(parts.stage_layers))
     # activation offload: the device keeps what one block's backward has brought back (plan/physics/levers.py)
     blocks = schedules.in_flight(layout, rank) * mean_stage
@@ -182,10 +185,21 @@ def loss_bytes(args: ModelArgs, layout: Layout, tokens: float) -> float:
     if layout.lean_saves:  # the final norm saves its input; the output matmul its full-length input
         norm = e
     head = tokens * d * (norm / tp + e)
+    if layout.lean_saves and autocast(layout):  # the fp32 residual's norm input; the output weight's cast copy
+        head = tokens * d * (4 / tp + e) + e * part_numel(args, "head", tp, 1)
     per_logit = LOSS_PARALLEL_BYTES_PER_LOGIT if tp > 1 else LOSS_BYTES_PER_LOGIT
     if layout.compiled_loss and tp == 1:  # under loss parallel: DTensor's decomposition, kept (not measured)
         per_logit = COMPILED_LOSS_BYTES_PER_LOGIT
     return head + per_logit * tokens * args.vocab_size / tp / layout.loss_chunks  # chunked loss: one chunk's logits
+
+
+def autocast_weight_bytes(args: ModelArgs, layout: Layout) -> float:
+    """Autocast's cast copy of each block's weights, saved by the matmuls for their backward, per block-micro-batch
+    without checkpointing (memory.autocast); a checkpointed block casts again in backward."""
+    if not (layout.lean_saves and autocast(layout)):
+        return 0.0
+    plain = block_modes(args, layout).get("none", 0.0)
+    return plain * DTYPE_BYTES[layout.param_dtype] * part_numel(args, "block", layout.tp, 1)
 
 
 @dataclass(frozen=True)
