@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from meshforge.bench.matrix import BenchMatrix, BenchRun, local_device, validate_run
+from meshforge.bench.matrix import local_device, validate_run
+from meshforge.bench.spec import BenchMatrix, BenchRun
 from meshforge.errors import ConfigError
 
 
