@@ -93,8 +93,19 @@ class Layout:
         check_ep_compile(d.ep, self.compile)
         check_tied_pipeline(args, d.pp)
         check_cpu_offload(self.cpu_offload, fsdp_enabled=d.fsdp_enabled)
-        if d.pp > 1:
-            check_pipeline(self, args.n_layers, own_refusals=not other_stack)
+        if d.pp > 1 and not self.schedule_csv:  # a CSV schedule is checked where it is read (pipeline/schedule.py)
+            check_pipeline(
+                args.n_layers,
+                pp=d.pp,
+                schedule=self.schedule,
+                local_batch_size=self.local_batch_size,
+                microbatch_size=self.microbatch_size,
+                layers_per_stage=self.layers_per_stage,
+                first_less=self.first_stage_less_layers,
+                last_less=self.last_stage_less_layers,
+                stage_modules=self.stage_modules,
+                resharding=not other_stack and self.reshard_after_forward and d.fsdp_enabled,
+            )
 
     def to_train_flags(self) -> list[str]:
         """The `meshforge train` flags (TorchTitan's spellings) that run this layout: the one mapping from a layout

@@ -8,37 +8,40 @@ run, the bench and the planner give the same verdict with the same one-line Conf
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from meshforge.errors import ConfigError
 from meshforge.parallel.pipeline import split
 from meshforge.parallel.pipeline.catalog import SCHEDULE_STYLES, SCHEDULES, canonical_schedule
 
-if TYPE_CHECKING:
-    from meshforge.parallel.layout import Layout
 
-
-def check_pipeline(layout: Layout, n_layers: int, *, own_refusals: bool = True) -> None:
-    """ConfigError naming the first reason the pipeline of ``layout`` cannot run ``n_layers`` blocks: the schedule,
-    the microbatches, the stage split, then (``own_refusals``) the combinations meshforge's split backward refuses.
-    A CSV schedule is checked where it is read (pipeline/schedule.py ``read_csv_schedule``)."""
-    if layout.schedule_csv:
-        return
-    name = resolve_schedule_name(layout.schedule)
+def check_pipeline(
+    n_layers: int,
+    *,
+    pp: int,
+    schedule: str,
+    local_batch_size: int,
+    microbatch_size: int,
+    layers_per_stage: int = -1,
+    first_less: int = 1,
+    last_less: int = 1,
+    stage_modules: Sequence[Sequence[str]] = (),
+    resharding: bool = False,
+) -> None:
+    """ConfigError naming the first reason a pipeline of ``pp`` ranks cannot run ``n_layers`` blocks: the schedule,
+    the microbatches, the stage split (``layers_per_stage``, ``first_less`` / ``last_less`` blocks fewer on the
+    first / last stage, or explicit ``stage_modules``), then whether a split backward meets FSDP ``resharding`` after
+    forward. parallel/layout.py ``Layout.check`` passes its fields (a CSV schedule is checked where it is read:
+    pipeline/schedule.py ``read_csv_schedule``)."""
+    name = resolve_schedule_name(schedule)
     style, split_backward = SCHEDULE_STYLES[name]
-    n_micro = num_microbatches(layout.local_batch_size, layout.microbatch_size)
-    first, last = layout.first_stage_less_layers, layout.last_stage_less_layers
-    pp = layout.degrees.pp
-    explicit = layout.stage_modules
-    kw = {"first_less": first, "last_less": last}
-    num_stages = split.count_stages(
-        n_layers, pp, style, explicit=len(explicit), layers_per_stage=layout.layers_per_stage, **kw
-    )
-    split.split_stages(n_layers, num_stages, explicit=explicit, **kw)
+    n_micro = num_microbatches(local_batch_size, microbatch_size)
+    kw = {"first_less": first_less, "last_less": last_less}
+    explicit = len(stage_modules)
+    num_stages = split.count_stages(n_layers, pp, style, explicit=explicit, layers_per_stage=layers_per_stage, **kw)
+    split.split_stages(n_layers, num_stages, explicit=stage_modules, **kw)
     check_microbatches(name, n_micro, pp, num_stages)
-    if own_refusals:
-        resharding = layout.reshard_after_forward and layout.degrees.fsdp_enabled
-        check_split_backward(name, split_backward, resharding=resharding)
+    check_split_backward(name, split_backward, resharding=resharding)
 
 
 def resolve_schedule_name(name: str) -> str:
