@@ -8,13 +8,14 @@ run, the bench and the planner give the same verdict with the same one-line Conf
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 
 from meshforge.errors import ConfigError
 from meshforge.parallel.pipeline import split
 from meshforge.parallel.pipeline.catalog import SCHEDULE_STYLES, SCHEDULES, canonical_schedule
 
 
+@functools.lru_cache(maxsize=4096)
 def check_pipeline(
     n_layers: int,
     *,
@@ -25,14 +26,15 @@ def check_pipeline(
     layers_per_stage: int = -1,
     first_less: int = 1,
     last_less: int = 1,
-    stage_modules: Sequence[Sequence[str]] = (),
+    stage_modules: tuple[tuple[str, ...], ...] = (),
     resharding: bool = False,
 ) -> None:
     """ConfigError naming the first reason a pipeline of ``pp`` ranks cannot run ``n_layers`` blocks: the schedule,
     the microbatches, the stage split (``layers_per_stage``, ``first_less`` / ``last_less`` blocks fewer on the
     first / last stage, or explicit ``stage_modules``), then whether a split backward meets FSDP ``resharding`` after
     forward. parallel/layout.py ``Layout.check`` passes its fields (a CSV schedule is checked where it is read:
-    pipeline/schedule.py ``read_csv_schedule``)."""
+    pipeline/schedule.py ``read_csv_schedule``). Memoised (the search checks thousands of layouts; a refusal is raised
+    again each time, never cached)."""
     name = resolve_schedule_name(schedule)
     style, split_backward = SCHEDULE_STYLES[name]
     n_micro = num_microbatches(local_batch_size, microbatch_size)
