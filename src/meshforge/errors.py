@@ -10,6 +10,12 @@ class ConfigError(ValueError):
     value and the fix, printed without a traceback (exit 2). Anything else raised is a bug and keeps its traceback."""
 
 
+def require_positive(key: str, value: int) -> None:
+    """ConfigError ``"<key> = <value> must be >= 1"`` for a count below 1."""
+    if value < 1:
+        raise ConfigError(f"{key} = {value} must be >= 1")
+
+
 def optional_import(module: str, feature: str, install: str) -> Any:
     """Import an optional package where it is used: its absence is a `ConfigError` of one line naming the feature
     that needs it and the command that installs it (stock PyTorch containers lack e.g. ``tomli_w``, ``torchao``)."""

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from meshforge.bench import schedule, stats
-from meshforge.bench.matrix import BenchMatrix, parse_matrix
+from meshforge.bench.matrix import parse_matrix
+from meshforge.bench.spec import BenchMatrix
 
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "bench" / "default.toml"
 

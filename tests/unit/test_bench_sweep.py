@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from meshforge.bench import cli
-from meshforge.bench.matrix import BenchMatrix, BenchRun, parse_matrix
+from meshforge.bench.matrix import parse_matrix
 from meshforge.bench.runner import Launch, plan_sweep
+from meshforge.bench.spec import BenchMatrix, BenchRun
 
 
 def matrix_with(budget: float) -> BenchMatrix:

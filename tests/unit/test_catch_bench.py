@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from meshforge.bench import machine, schedule
-from meshforge.bench.matrix import BenchMatrix, parse_matrix
+from meshforge.bench.matrix import parse_matrix
+from meshforge.bench.spec import BenchMatrix
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "configs" / "bench" / "default.toml"

@@ -7,7 +7,7 @@ import torch
 from fakeworld import parallelized
 from torch.distributed.fsdp import FSDPModule
 
-from meshforge.parallel.fsdp import resolve_reshard_after_forward
+from meshforge.parallel.layout import resolve_reshard_after_forward
 
 
 def fsdp_modules(parts: dict[int, list[torch.nn.Module]]) -> dict[str, FSDPModule]:

@@ -15,7 +15,8 @@ from meshforge.config.io import ConfigError, load_config
 from meshforge.config.schema import JobConfig
 from meshforge.model.flavors import get_flavor, param_counts
 from meshforge.model.hf_config import args_from_hf, read_hf_config, resolve_model_args
-from meshforge.model.llama import build_model, check_trainable
+from meshforge.model.llama import build_model
+from meshforge.parallel.layout import check_tied_pipeline
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 # totals as published on the models' Hugging Face pages (safetensors parameter count)
@@ -108,7 +109,7 @@ def test_training_refuses_what_it_cannot_build() -> None:
     ]
     with pytest.raises(ConfigError, match="tie_embeddings"):
         check_layout(load_config(None, tied_pp), 2)
-    check_trainable(get_flavor("1B"))  # tied without pipeline parallel trains
+    check_tied_pipeline(get_flavor("1B"), 1)  # tied without pipeline parallel trains
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

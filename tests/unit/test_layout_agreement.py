@@ -1,7 +1,9 @@
 """The trainer and the planner give the same verdict on a layout, message included (issue 45.2): a seeded draw of
-degrees x model shapes (the real flavors and odd ones whose dims / heads / vocab / seq_len do not divide), each judged
-by the check `meshforge train --dry-run` (and the bench, and training) runs before it builds anything, and by the
-planner (`meshforge plan`'s layout_from_config + Layout.check). A rule written in one place only fails this test."""
+degrees x model shapes (the real flavors and odd ones whose dims / heads / vocab / seq_len do not divide) x pipeline
+layouts (degrees, schedules, microbatches, layers per stage, first / last stage less layers, FSDP resharding), each
+judged by the checks `meshforge train --dry-run` (and the bench, and training) runs before it builds anything, the
+pipeline's stage split included, and by the planner (`meshforge plan`'s layout_from_config + Layout.check). A rule
+written in one place only fails this test."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ from meshforge.config.io import load_config
 from meshforge.config.schema import JobConfig
 from meshforge.errors import ConfigError
 from meshforge.model.hf_config import resolve_model_args
+from meshforge.parallel.dims import ParallelDims
 from meshforge.parallel.layout import Layout
+from meshforge.parallel.pipeline.catalog import SCHEDULES
+from meshforge.parallel.pipeline.stage import plan_pipeline
 from meshforge.plan.layout import layout_args, layout_from_config
 
 FLAVORS = ("tiny", "debugmodel", "100m", "1B", "8B", "70B", "405B", "debugmoe_dense")
@@ -26,6 +31,7 @@ ODD_SHAPES = (  # --model.* overrides on top of the flavor: shapes no degree-2/3
     {},
 )
 DRAWS = 160
+PIPELINE_DRAWS = 240
 
 
 def draw(rng: random.Random) -> tuple[list[str], int]:
@@ -55,10 +61,46 @@ def draw(rng: random.Random) -> tuple[list[str], int]:
     return overrides, world
 
 
+def draw_pipeline(rng: random.Random) -> tuple[list[str], int]:
+    """One pipeline job: a real or odd flavor, pp 2-4 with other degrees, any schedule, microbatching, stage split
+    and FSDP resharding policy. AC and compile stay where the composability table (which the planner asks only for
+    its own cost model's features) refuses nothing."""
+    flavor = rng.choice(("tiny", "debugmodel", "8B", "70B", "405B"))
+    degrees = {
+        "data_parallel_shard_degree": rng.choice((1, 2)),
+        "tensor_parallel_degree": rng.choice((1, 1, 2)),
+        "pipeline_parallel_degree": rng.choice((2, 3, 4)),
+    }
+    world = degrees["data_parallel_shard_degree"] * degrees["tensor_parallel_degree"]
+    world *= degrees["pipeline_parallel_degree"]
+    pp_keys = {
+        "pipeline_parallel_schedule": rng.choice(SCHEDULES),
+        "pipeline_parallel_microbatch_size": rng.choice((1, 1, 2, 3)),
+        "pipeline_parallel_layers_per_stage": rng.choice((-1, -1, 1, 2, 3, 5)),
+        "pipeline_parallel_first_stage_less_layers": rng.choice((0, 1, 1, 2, 4)),
+        "pipeline_parallel_last_stage_less_layers": rng.choice((0, 1, 1, 3)),
+        "fsdp_reshard_after_forward": rng.choice(("default", "always", "never")),
+    }
+    batch = rng.choice((1, 2, 4, 6, 8, 12, 16))
+    ac = rng.choice((["none"], ["full"], ["selective", "--activation_checkpoint.selective_ac_option", "2"]))
+    overrides = ["--model.flavor", flavor, "--training.seq_len", "128", "--training.local_batch_size", str(batch)]
+    overrides += ["--activation_checkpoint.mode", *ac]
+    for key, value in (degrees | pp_keys).items():
+        overrides += [f"--parallelism.{key}", str(value)]
+    return overrides, world
+
+
 def trainer_verdict(cfg: JobConfig, world: int) -> str:
-    """What `meshforge train --dry-run` (tools/dry_run.py plan) and the bench check before building anything."""
+    """What `meshforge train --dry-run` (tools/dry_run.py plan) and the bench check before building anything, and the
+    pipeline's plan (stage split, schedule) that training and the dry run build from."""
     try:
-        Layout.from_config(cfg, world).check(resolve_model_args(cfg.model, cfg.training.seq_len))
+        args = resolve_model_args(cfg.model, cfg.training.seq_len)
+        Layout.from_config(cfg, world).check(args)
+        if cfg.parallelism.pipeline_parallel_degree > 1:
+            dims = ParallelDims.from_config(cfg.parallelism, world)
+            plan_pipeline(
+                cfg.parallelism, cfg.training, dims, args.n_layers, cfg.compile.enable, cfg.activation_checkpoint
+            )
     except ConfigError as exc:
         return str(exc)
     return "valid"
@@ -85,3 +127,16 @@ def test_trainer_and_planner_agree_on_every_drawn_layout(seed: int) -> None:
         assert trainer == planner, (overrides, world)
         verdicts.add(trainer.split(" = ")[0].split(" (")[0])
     assert "valid" in verdicts and len(verdicts) >= 4, verdicts  # the draw reaches both sides of several rules
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_trainer_and_planner_agree_on_every_drawn_pipeline_layout(seed: int) -> None:
+    rng = random.Random(seed)
+    verdicts: set[str] = set()
+    for _ in range(PIPELINE_DRAWS // 2):
+        overrides, world = draw_pipeline(rng)
+        cfg = load_config(None, overrides)
+        trainer, planner = trainer_verdict(cfg, world), planner_verdict(cfg, world)
+        assert trainer == planner, (overrides, world)
+        verdicts.add(trainer.split(" = ")[0].split(" (")[0].split(" needs")[0])
+    assert "valid" in verdicts and len(verdicts) >= 5, verdicts  # the draw reaches both sides of several rules

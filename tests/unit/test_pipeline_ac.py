@@ -14,8 +14,8 @@ from meshforge.config.schema import ActivationCheckpoint
 from meshforge.model.flavors import get_flavor
 from meshforge.model.llama import build_model
 from meshforge.parallel.activation_ckpt import apply_ac
-from meshforge.parallel.pipeline.schedule import schedule_spec
-from meshforge.parallel.pipeline.stage import check_activation_checkpoint
+from meshforge.parallel.pipeline.rules import check_csv_split_backward
+from meshforge.parallel.pipeline.schedule import ScheduleSpec, schedule_spec
 from meshforge.tools.dry_run import dry_run
 
 ZERO_BUBBLE = ["InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
@@ -49,6 +49,12 @@ def test_split_backward_is_exact_under_full_and_per_block_ac_and_fails_under_per
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     with pytest.raises(RuntimeError, match="backward an extra time"):
         split_backward_grads(ActivationCheckpoint(mode="selective", selective_ac_option="op"))
+
+
+def check_activation_checkpoint(spec: ScheduleSpec, ac: ActivationCheckpoint) -> None:
+    """The split-backward AC rule (parallel/pipeline/rules.py; the composability table's for named schedules)."""
+    kw = {"ac_mode": ac.mode, "ac_option": ac.selective_ac_option}
+    check_csv_split_backward(spec.name, spec.split_backward, compile_enabled=False, **kw)
 
 
 @pytest.mark.parametrize("name", ZERO_BUBBLE)

@@ -24,6 +24,7 @@ ONLY_THROUGH_LAYOUTS = {
     "config/__init__.py",
     "config/io.py",
     "config/schema.py",
+    "config/parallelism.py",
     "config/sections.py",
     "model/__init__.py",
     "model/hf_config.py",

@@ -113,12 +113,11 @@ def test_a_lever_changes_the_search_recommendation(monkeypatch: pytest.MonkeyPat
 
 
 def test_lever_layouts_round_trip_through_the_train_flags() -> None:
-    """A recommended lever layout's launch flags (plan/guide/guide.py) give the same layout back."""
-    from meshforge.plan.guide.guide import layout_overrides
-
+    """A recommended lever layout's launch flags (parallel/layout.py Layout.to_train_flags) give the same layout
+    back."""
     flags = ["--training.loss_chunks", "8", "--activation_checkpoint.offload", "--training.enable_cpu_offload"]
     layout = planned(flags)
-    again = layout_from_config(load_config(None, layout_overrides(layout, ["--model.flavor", "8B"])), 8)
+    again = layout_from_config(load_config(None, ["--model.flavor", "8B", *layout.to_train_flags()]), 8)
     assert again == layout and levers.active(again) == ["chunked loss 8", "activation offload", "CPU offload"]
     assert "chunked loss 8, activation offload, CPU offload" in layout.describe()
 

@@ -198,5 +198,8 @@ def test_v_shaped_schedules_need_two_stages_per_rank() -> None:
     from meshforge.config.io import ConfigError
     from meshforge.model.flavors import get_flavor
 
-    with pytest.raises(ConfigError, match="exactly 2 stages per rank"):
-        layout("ZBVZeroBubble", 2, 4, 4).check(get_flavor("debugmodel"))
+    five = Layout(
+        flavor="debugmodel", seq_len=128, local_batch_size=4, pp=2, schedule="ZBVZeroBubble", layers_per_stage=1
+    )
+    with pytest.raises(ConfigError, match=r"= 4 per rank, but this schedule needs exactly 2 stage\(s\) per rank"):
+        five.check(get_flavor("debugmodel"))  # (6 layers + embedding + output) / 1 per stage over 2 ranks

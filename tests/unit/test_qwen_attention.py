@@ -18,7 +18,8 @@ from meshforge.checkpoint import hf as hf_interop
 from meshforge.config.io import load_config
 from meshforge.model.flavors import ModelArgs, param_counts
 from meshforge.model.hf_config import args_from_hf, read_hf_config
-from meshforge.model.llama import Transformer, build_model, check_trainable
+from meshforge.model.llama import Transformer, build_model
+from meshforge.parallel.layout import check_tied_pipeline
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 QWEN3 = args_from_hf(read_hf_config(str(FIXTURES / "qwen3_tiny"))).with_seq_len(64)
@@ -43,7 +44,7 @@ def test_configs_map_to_the_variants_and_build_them() -> None:
     assert (q2.wq.bias.shape, q2.wk.bias.shape, q2.wv.bias.shape) == ((64,), (32,), (32,))  # type: ignore[union-attr]
     assert q2.q_norm is None and q2.wo.bias is None  # type: ignore[union-attr]
     for args in (QWEN3, QWEN2):
-        check_trainable(args)  # no longer refused
+        check_tied_pipeline(args, 1)  # no longer refused
         assert sum(p.numel() for p in build_model(args).parameters()) == param_counts(args).total
 
 

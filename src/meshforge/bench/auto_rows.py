@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from meshforge.bench.matrix import BenchMatrix, BenchRun, local_device, validate_run
+from meshforge.bench.matrix import local_device, validate_run
+from meshforge.bench.spec import BenchMatrix, BenchRun
 from meshforge.errors import ConfigError
 
 
@@ -91,12 +92,10 @@ AS_FIELDS = {
 
 
 def layout_keys(layout: Any) -> dict[str, Any]:
-    """The planner's training flags for ``layout`` (plan/guide/guide.py ``layout_overrides``, the one mapping from a
-    layout to `meshforge train`) that a row keeps as overrides: expert degree, microbatch, SAC option, CP impl, the
+    """The planner's training flags for ``layout`` (parallel/layout.py ``Layout.to_train_flags``, the one mapping from
+    a layout to `meshforge train`) that a row keeps as overrides: expert degree, microbatch, SAC option, CP impl, the
     memory levers. A flag without a value is True."""
-    from meshforge.plan.guide.guide import layout_overrides
-
-    flags, keys, i = layout_overrides(layout, []), {}, 0
+    flags, keys, i = layout.to_train_flags(), {}, 0
     while i < len(flags):
         has_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
         keys[flags[i][2:]] = flags[i + 1] if has_value else True

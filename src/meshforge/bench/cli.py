@@ -16,7 +16,7 @@ from typing import Any
 from meshforge.bench import schedule
 from meshforge.bench.auto_rows import resolve_auto_rows
 from meshforge.bench.machine import LoadSampler, machine_info, speed_probe, speed_summary
-from meshforge.bench.matrix import BenchMatrix, BenchRun, load_matrix
+from meshforge.bench.matrix import load_matrix
 from meshforge.bench.record import Repetition, make_record
 from meshforge.bench.runner import (
     Launch,
@@ -29,6 +29,7 @@ from meshforge.bench.runner import (
     save_record,
     write_json,
 )
+from meshforge.bench.spec import BenchMatrix, BenchRun
 from meshforge.bench.warm import WarmLauncher
 from meshforge.config.io import ConfigError, load_config, read_data
 

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from meshforge.bench import stats
-from meshforge.bench.matrix import BenchMatrix, BenchRun
+from meshforge.bench.spec import BenchMatrix, BenchRun
 
 Repetition = dict[str, Any]
 """What run_one returns: index, status, error, wall_s, startup_s, metrics (the run's metrics.jsonl), command, load."""

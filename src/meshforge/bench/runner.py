@@ -22,8 +22,8 @@ from typing import Any
 
 from meshforge.bench import ft_rows
 from meshforge.bench.machine import cpu_cores, load_average
-from meshforge.bench.matrix import BenchMatrix, BenchRun
 from meshforge.bench.record import Repetition
+from meshforge.bench.spec import BenchMatrix, BenchRun
 from meshforge.bench.warm import WarmJob, WarmLauncher
 from meshforge.config.io import load_config
 from meshforge.errors import ConfigError

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from meshforge.bench.matrix import BenchMatrix, BenchRun
+from meshforge.bench.spec import BenchMatrix, BenchRun
 
 COVERAGE_MARGIN = 0.05
 """How far below the nominal level the sequential rule's coverage may fall (simulated; see the module docstring)."""

@@ -1,4 +1,6 @@
-"""The job configuration: one dataclass per TOML section; each component receives only its own section.
+"""The job configuration: one dataclass per TOML section; each component receives only its own section. The sections
+of the parallel layout are config/parallelism.py's ([parallelism], [activation_checkpoint], [compile], [quantize]),
+and [data], [fault_tolerance], [gradient_sync] have modules of their own; all are importable from here.
 
 Field docstrings (the string under each field) are the documentation `meshforge config show --help` prints.
 Allowed values of a field are declared with ``Literal``; range checks live in each section's ``validate``.
@@ -12,8 +14,32 @@ from typing import Literal
 from meshforge.config.data import Data
 from meshforge.config.fault_tolerance import FaultTolerance
 from meshforge.config.gradient_sync import GradientSync
-from meshforge.errors import ConfigError
+from meshforge.config.parallelism import ActivationCheckpoint, Compile, DenseQuantize, Float8, Parallelism, Quantize
+from meshforge.errors import ConfigError, require_positive
 from meshforge.model.flavors import get_flavor
+
+__all__ = [
+    "ActivationCheckpoint",
+    "Checkpoint",
+    "Comm",
+    "Compile",
+    "Data",
+    "DenseQuantize",
+    "FaultTolerance",
+    "Float8",
+    "GradientSync",
+    "Job",
+    "JobConfig",
+    "LRScheduler",
+    "Metrics",
+    "Model",
+    "Optimizer",
+    "Parallelism",
+    "Profiling",
+    "Quantize",
+    "Training",
+    "Validation",
+]
 
 
 @dataclass
@@ -115,15 +141,15 @@ class Training:
     the optimizer step on the host (parallel/cpu_offload.py). Needs FSDP; a no-op for memory on a CPU-only machine."""
 
     def validate(self) -> None:
-        _positive("training.local_batch_size", self.local_batch_size)
-        _positive("training.loss_chunks", self.loss_chunks)
+        require_positive("training.local_batch_size", self.local_batch_size)
+        require_positive("training.loss_chunks", self.loss_chunks)
         if self.skip_nonfinite_steps < 0:
             raise ConfigError(
                 f"training.skip_nonfinite_steps = {self.skip_nonfinite_steps} must be >= 0 (0: stop at the first)"
             )
-        _positive("training.seq_len", self.seq_len)
-        _positive("training.steps", self.steps)
-        _positive("training.gradient_accumulation_steps", self.gradient_accumulation_steps)
+        require_positive("training.seq_len", self.seq_len)
+        require_positive("training.steps", self.steps)
+        require_positive("training.gradient_accumulation_steps", self.gradient_accumulation_steps)
         if self.max_norm < 0:
             raise ConfigError(f"training.max_norm = {self.max_norm} must be >= 0 (0 disables clipping)")
         if self.dataset == "text" and not self.dataset_path:
@@ -180,120 +206,6 @@ class LRScheduler:
 
 
 @dataclass
-class Parallelism:
-    data_parallel_replicate_degree: int = 1
-    """HSDP replicas (DDP-style replication across groups of FSDP shards)."""
-    data_parallel_shard_degree: int = -1
-    """FSDP sharding degree; -1 = whatever the world size leaves after the other degrees."""
-    context_parallel_degree: int = 1
-    """Ranks that split each sequence (context parallel)."""
-    tensor_parallel_degree: int = 1
-    """Ranks that split each layer's matrices (tensor parallel, with sequence parallel on norms)."""
-    pipeline_parallel_degree: int = 1
-    """Pipeline stages' ranks (pipeline parallel)."""
-    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
-    """Free gathered parameters after forward: default = always, except never with pipeline parallel."""
-    enable_async_tensor_parallel: bool = False
-    """Overlap TP communication with matmuls (needs compile.enable and CUDA symmetric memory)."""
-    disable_loss_parallel: bool = False
-    """Gather the vocab-sharded logits before the loss instead of computing a vocab-parallel loss."""
-    enable_sequence_parallel: bool = True
-    """Shard norms and residuals along the sequence under tensor parallel."""
-    context_parallel_impl: Literal["auto", "allgather", "ring"] = "auto"
-    """allgather: gather K/V over cp; ring: pass K/V rank to rank (less K/V memory); auto: allgather. Any device."""
-    pipeline_parallel_schedule: str = "1F1B"
-    """GPipe, 1F1B, Interleaved1F1B (interleave_1f1b), LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV."""
-    pipeline_parallel_schedule_csv: str = ""
-    """A CSV file defining the schedule (see docs/pipeline.md); overrides pipeline_parallel_schedule."""
-    pipeline_parallel_microbatch_size: int = 1
-    """Sequences per pipeline microbatch; the local batch must be a multiple."""
-    pipeline_parallel_layers_per_stage: int = -1
-    """Transformer blocks per stage (-1: split evenly into as many stages as the schedule needs)."""
-    pipeline_parallel_first_stage_less_layers: int = 1
-    """Blocks fewer on the first stage (it also holds the embedding)."""
-    pipeline_parallel_last_stage_less_layers: int = 1
-    """Blocks fewer on the last stage (it also holds the norm and output projection)."""
-    module_fqns_per_model_part: list[list[str]] = field(default_factory=list)
-    """Explicit module names per stage, e.g. [["tok_embeddings", "layers.0"], ["layers.1", "norm", "output"]]."""
-    expert_parallel_degree: int = 1
-    """Ranks that split each MoE layer's routed experts (tokens travel by all-to-all); borrowed from the
-    data_parallel_shard x context ranks, the rest shard the experts with FSDP."""
-    local_ranks: int = 0
-    """Run this many ranks inside one process with torch's local tensors (meshforge train --local-ranks N): every
-    rank's shard is a real tensor, collectives are computed locally; 0 = off (docs/parallelism.md)."""
-
-    def validate(self) -> None:
-        if self.local_ranks < 0 or self.local_ranks == 1:
-            raise ConfigError(
-                f"parallelism.local_ranks = {self.local_ranks} must be 0 (off) or >= 2 (ranks simulated in one process)"
-            )
-        for key in (
-            "data_parallel_replicate_degree",
-            "context_parallel_degree",
-            "tensor_parallel_degree",
-            "pipeline_parallel_degree",
-            "pipeline_parallel_microbatch_size",
-            "expert_parallel_degree",
-        ):
-            _positive(f"parallelism.{key}", getattr(self, key))
-        if self.data_parallel_shard_degree == 0 or self.data_parallel_shard_degree < -1:
-            raise ConfigError(
-                f"parallelism.data_parallel_shard_degree = {self.data_parallel_shard_degree} "
-                "must be >= 1 or -1 (the rest)"
-            )
-
-
-@dataclass
-class ActivationCheckpoint:
-    mode: Literal["none", "full", "selective"] = "selective"
-    """none, full (recompute every block) or selective."""
-    selective_ac_option: str = "op"
-    """For mode=selective: 'op' (save matmul/attention outputs, recompute the rest) or N (every N-th block)."""
-    offload: bool = False
-    """Keep the tensors autograd saves for backward in host memory (pinned on CUDA), copied back in backward
-    (parallel/activation_offload.py); composes with every mode (it offloads what the mode saves)."""
-
-    def validate(self) -> None:
-        option = self.selective_ac_option
-        if option != "op" and not (option.isdigit() and int(option) >= 1):
-            raise ConfigError(
-                f"activation_checkpoint.selective_ac_option = {option!r} must be 'op' or a positive integer"
-            )
-
-
-@dataclass
-class Compile:
-    enable: bool = False
-    """torch.compile each transformer block (and the loss)."""
-    backend: str = "inductor"
-    """torch.compile backend."""
-
-
-@dataclass
-class Float8:
-    enable: bool = False
-    """Float8 training of linear layers via torchao (CUDA needs compute capability >= 8.9)."""
-    recipe_name: Literal["tensorwise", "rowwise"] = "tensorwise"
-    """Scaling granularity."""
-    filter_fqns: list[str] = field(default_factory=lambda: ["output"])
-    """Linear layers (name substrings) kept in high precision."""
-    enable_fsdp_float8_all_gather: bool = True
-    """With tensorwise scaling under FSDP, all-gather weights in Float8."""
-    emulate: bool | Literal["auto"] = "auto"
-    """Emulate Float8 matmuls in high precision: auto = on a CPU (no Float8 kernels), real kernels on CUDA."""
-
-
-@dataclass
-class DenseQuantize:
-    float8: Float8 = field(default_factory=Float8)
-
-
-@dataclass
-class Quantize:
-    dense: DenseQuantize = field(default_factory=DenseQuantize)
-
-
-@dataclass
 class Checkpoint:
     enable: bool = False
     """Save checkpoints and resume from the latest complete one."""
@@ -324,7 +236,7 @@ class Checkpoint:
     batch (one line says so)."""
 
     def validate(self) -> None:
-        _positive("checkpoint.interval", self.interval)
+        require_positive("checkpoint.interval", self.interval)
         if self.interval_seconds < 0:
             raise ConfigError(f"checkpoint.interval_seconds = {self.interval_seconds} must be >= 0 (0: off)")
         if self.keep_latest_k < 0 or self.keep_latest_k == 1:
@@ -350,7 +262,7 @@ class Metrics:
     this share of the median step time for 3 consecutive log intervals (0: off; one all-gather per log step)."""
 
     def validate(self) -> None:
-        _positive("metrics.log_freq", self.log_freq)
+        require_positive("metrics.log_freq", self.log_freq)
         if self.straggler_threshold < 0:
             raise ConfigError(f"metrics.straggler_threshold = {self.straggler_threshold} must be >= 0 (0: off)")
 
@@ -363,8 +275,8 @@ class Comm:
     """Collective timeout after the first step: a rank that waits longer exits with a message."""
 
     def validate(self) -> None:
-        _positive("comm.init_timeout_seconds", self.init_timeout_seconds)
-        _positive("comm.train_timeout_seconds", self.train_timeout_seconds)
+        require_positive("comm.init_timeout_seconds", self.init_timeout_seconds)
+        require_positive("comm.train_timeout_seconds", self.train_timeout_seconds)
 
 
 @dataclass
@@ -401,8 +313,8 @@ class Validation:
     """Sequences per data-parallel rank per batch; -1: training.local_batch_size (required under pipeline parallel)."""
 
     def validate(self) -> None:
-        _positive("validation.freq", self.freq)
-        _positive("validation.steps", self.steps)
+        require_positive("validation.freq", self.freq)
+        require_positive("validation.steps", self.steps)
         if self.local_batch_size == 0 or self.local_batch_size < -1:
             raise ConfigError(f"validation.local_batch_size = {self.local_batch_size} must be >= 1 or -1")
 
@@ -443,8 +355,3 @@ class JobConfig:
             )
         if self.profiling.profile_freq < 1 or self.profiling.profiler_active < 1 or self.profiling.profiler_warmup < 0:
             raise ConfigError("profiling.profile_freq and profiling.profiler_active must be >= 1, profiler_warmup >= 0")
-
-
-def _positive(key: str, value: int) -> None:
-    if value < 1:
-        raise ConfigError(f"{key} = {value} must be >= 1")

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshforge.errors import ConfigError
 from meshforge.model.document_mask import DocumentMask, build_document_mask, masked_attention
 from meshforge.model.flavors import ModelArgs
 from meshforge.model.lean import rms_norm, rms_norm_reference, silu_mul
@@ -275,15 +274,6 @@ def copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
         param.to_local().copy_(local.to(param.dtype))
     else:
         param.copy_(full.to(param.dtype))
-
-
-def check_trainable(args: ModelArgs, pipeline_parallel_degree: int = 1) -> None:
-    """ConfigError naming what this decoder cannot train: tied embeddings split across pipeline stages."""
-    if args.tie_embeddings and pipeline_parallel_degree > 1:
-        raise ConfigError(
-            f"model.tie_embeddings with parallelism.pipeline_parallel_degree = {pipeline_parallel_degree}: embedding "
-            "and the output projection live on different stages; set tie_embeddings = 'false' or pipeline degree 1"
-        )
 
 
 def build_model(args: ModelArgs) -> Transformer:

@@ -15,20 +15,6 @@ from meshforge.model.moe import moe_layers
 from meshforge.parallel.cpu_offload import offload_policy
 
 
-def resolve_reshard_after_forward(policy: str, pipeline_parallel: bool) -> bool:
-    """default: reshard (free gathered weights after forward) unless pipeline parallel, where each microbatch would
-    re-gather them and zero-bubble schedules' split backward would see resharded weights (wrong gradients)."""
-    # Root cause of the wrong gradients (docs/pipeline.md): torch's input-gradient pass (stage_backward_input) picks
-    # the weights to differentiate from `submod.parameters()`; after a reshard those are FSDP's sharded DTensors, not
-    # the unsharded tensors the forward graph used, so the weight pass skips them and their gradients are lost.
-    # meshforge.parallel.pipeline.stage refuses 'always' with those schedules.
-    if policy == "always":
-        return True
-    if policy == "never":
-        return False
-    return not pipeline_parallel
-
-
 def apply_fsdp(
     model: nn.Module,
     mesh: DeviceMesh,

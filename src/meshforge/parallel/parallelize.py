@@ -23,7 +23,8 @@ from meshforge.parallel.context_parallel import apply_cp, resolve_cp_impl
 from meshforge.parallel.dims import ParallelDims, sub_mesh
 from meshforge.parallel.expert_parallel import apply_ep
 from meshforge.parallel.float8 import apply_float8
-from meshforge.parallel.fsdp import apply_fsdp, resolve_reshard_after_forward
+from meshforge.parallel.fsdp import apply_fsdp
+from meshforge.parallel.layout import resolve_reshard_after_forward
 from meshforge.parallel.tensor_parallel import apply_tp
 
 

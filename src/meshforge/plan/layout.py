@@ -3,7 +3,7 @@
 Pure Python (no torch). ``layout_from_config`` resolves what the config leaves open (data_parallel_shard_degree = -1,
 the FSDP reshard policy, the pipeline's stages per rank) the way meshforge's training code does, and ``Layout.check``
 rejects what cannot run with a one-line ConfigError: training's rule set (parallel/layout.py: heads not divisible by
-TP, ...), then the pipeline schedule's and the composability table's.
+TP, ...; the pipeline's, parallel/pipeline/rules.py), then the composability table's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from meshforge.model.flavors import ModelArgs, get_flavor
 from meshforge.model.hf_config import model_label, resolve_model_args
 from meshforge.parallel.degrees import Degrees, resolve_dp_shard
 from meshforge.parallel.layout import Layout as ParallelLayout
-from meshforge.parallel.pipeline import catalog, split
+from meshforge.parallel.layout import resolve_reshard_after_forward
+from meshforge.parallel.pipeline import catalog, rules, split
 from meshforge.parallel.pipeline.catalog import MULTI_STAGE, SCHEDULES, SPLIT_BACKWARD, V_SHAPED
 
 __all__ = ["MULTI_STAGE", "SCHEDULES", "SPLIT_BACKWARD", "V_SHAPED", "Layout"]
@@ -149,14 +150,27 @@ class Layout:
             grad_accum=self.grad_accum,
             compile=self.compile,
             cpu_offload=self.cpu_offload,
+            layers_per_stage=self.layers_per_stage,
+            first_stage_less_layers=self.first_stage_less_layers,
+            last_stage_less_layers=self.last_stage_less_layers,
+            reshard_after_forward=self.reshard_after_forward,
+            ac_mode=self.ac_mode,
+            sac_option=self.sac_option,
+            cp_impl=self.cp_impl,
+            float8=self.float8,
+            async_tp=self.async_tp,
+            loss_chunks=self.loss_chunks,
+            activation_offload=self.activation_offload,
         )
 
+    def to_train_flags(self) -> list[str]:
+        """The `meshforge train` flags that run this layout (parallel/layout.py ``Layout.to_train_flags``)."""
+        return self.parallel.to_train_flags()
+
     def check(self, args: ModelArgs) -> None:
-        """ConfigError naming the first reason this layout cannot run this model: training's rules
-        (parallel/layout.py), then the pipeline schedule's and the composability table's."""
-        self.parallel.check(args)
-        if self.pp > 1:
-            check_pipeline(self, args)
+        """ConfigError naming the first reason this layout cannot run this model: training's rules (parallel/layout.py,
+        the pipeline's among them), then the composability table's."""
+        self.parallel.check(args, other_stack=self.impl != "meshforge")
         if self.impl not in IMPLEMENTATIONS:
             raise ConfigError(f"--impl {self.impl!r} is unknown; choose {', '.join(IMPLEMENTATIONS)}")
         if self.impl == "meshforge":
@@ -232,7 +246,9 @@ def layout_from_config(
         float8=cfg.quantize.dense.float8.enable,
         float8_all_gather=cfg.quantize.dense.float8.enable_fsdp_float8_all_gather,
         async_tp=par.enable_async_tensor_parallel,
-        reshard_after_forward=_reshard(par.fsdp_reshard_after_forward, par.pipeline_parallel_degree > 1),
+        reshard_after_forward=resolve_reshard_after_forward(
+            par.fsdp_reshard_after_forward, par.pipeline_parallel_degree > 1
+        ),
         param_dtype=auto_dtype if cfg.training.mixed_precision_param == "auto" else cfg.training.mixed_precision_param,
         reduce_dtype=cfg.training.mixed_precision_reduce,
         accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
@@ -259,22 +275,10 @@ def layout_args(layout: Layout) -> ModelArgs:
     return args.with_seq_len(layout.seq_len)
 
 
-def _reshard(policy: str, pipeline: bool) -> bool:
-    """meshforge.parallel.fsdp's rule: default = reshard after forward, except under pipeline parallel."""
-    return policy == "always" or (policy == "default" and not pipeline)
-
-
 def normalize_schedule(name: str, csv_path: str = "") -> str:
     """The canonical schedule name (accepts TorchTitan spellings such as interleave_1f1b); a CSV file maps to 1F1B
     timing (its bubble is unknown to the planner)."""
-    if csv_path:
-        return "1F1B"
-    canonical = catalog.canonical_schedule(name)
-    if canonical is None:
-        raise ConfigError(
-            f"parallelism.pipeline_parallel_schedule = {name!r} is unknown; choose {', '.join(SCHEDULES)}"
-        )
-    return canonical
+    return "1F1B" if csv_path else rules.resolve_schedule_name(name)
 
 
 def with_stages(layout: Layout, args: ModelArgs) -> Layout:
@@ -313,34 +317,6 @@ def check_composable(layout: Layout) -> None:
         float8_recipe="tensorwise" if layout.float8 else "",
     )
     composability.check(rows, features)
-
-
-def check_pipeline(layout: Layout, args: ModelArgs) -> None:
-    """meshforge.parallel.pipeline.stage's rules: microbatches divide the batch, fill the schedule, and split-backward
-    schedules run neither compiled blocks nor FSDP resharding after forward."""
-    if layout.local_batch_size % layout.microbatch_size:
-        raise ConfigError(
-            f"local_batch_size {layout.local_batch_size} is not a multiple of the pipeline microbatch size "
-            f"{layout.microbatch_size}"
-        )
-    m = layout.local_batch_size // layout.microbatch_size
-    if layout.schedule in ("1F1B", "DualPipeV") and m < layout.num_stages:
-        raise ConfigError(f"schedule {layout.schedule} needs at least {layout.num_stages} microbatches, has {m}")
-    if layout.schedule in V_SHAPED and layout.stages_per_rank != 2:
-        raise ConfigError(
-            f"schedule {layout.schedule} needs exactly 2 stages per rank, the layout has {layout.stages_per_rank}; "
-            "change pipeline_parallel_layers_per_stage or the schedule"
-        )
-    if layout.schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and m % max(1, m // layout.pp):
-        raise ConfigError(f"schedule {layout.schedule} needs a microbatch count that is a multiple of pp = {layout.pp}")
-    if layout.schedule in SPLIT_BACKWARD and layout.impl == "meshforge":
-        if layout.compile:
-            raise ConfigError(f"compile.enable with the {layout.schedule} schedule: use 1F1B / Interleaved1F1B")
-        if layout.reshard_after_forward and layout.fsdp_size * layout.dp_replicate > 1:
-            raise ConfigError(f"fsdp_reshard_after_forward = 'always' with {layout.schedule} gives wrong gradients")
-        if layout.ac_mode == "selective" and layout.sac_option == "op":  # as parallel/pipeline/stage.py refuses it
-            raise ConfigError(f"per-op selective AC with the {layout.schedule} schedule: use full or every-N-block AC")
-    stage_layer_counts(args.n_layers, layout)
 
 
 def stage_layer_counts(n_layers: int, layout: Layout) -> list[int]:

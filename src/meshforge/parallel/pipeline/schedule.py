@@ -27,8 +27,9 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule, _PipelineS
 from torch.distributed.pipelining.stage import PipelineStage
 
 from meshforge.errors import ConfigError
+from meshforge.parallel.pipeline import rules
 from meshforge.parallel.pipeline.bubble import Action, simulate_idle_shares
-from meshforge.parallel.pipeline.catalog import SCHEDULE_STYLES, SCHEDULES, Style, canonical_schedule
+from meshforge.parallel.pipeline.catalog import SCHEDULE_STYLES, Style
 
 ScheduleClass = Callable[..., _PipelineSchedule]
 TORCH_CLASSES: dict[str, ScheduleClass] = {
@@ -65,60 +66,26 @@ class CsvSchedule:
     split_backward: bool = field(default=False)
 
 
-def resolve_schedule_name(name: str) -> str:
-    """Canonical schedule name; case-insensitive, accepts torch class names (Schedule1F1B) and interleave_1f1b."""
-    canonical = canonical_schedule(name)
-    if canonical is None:
-        raise ConfigError(
-            f"parallelism.pipeline_parallel_schedule = {name!r} is unknown; choose one of {', '.join(SCHEDULES)} "
-            "(case-insensitive; interleave_1f1b and torch class names such as ScheduleGPipe work too)"
-        )
-    return canonical
-
-
 def schedule_spec(name: str, csv_path: str, pp: int) -> ScheduleSpec:
     """The schedule to run: the CSV file when given, else the named one."""
     if csv_path:
         csv = read_csv_schedule(csv_path, pp)
         return ScheduleSpec(f"CSV {csv_path}", _PipelineScheduleRuntime, "loop", csv.split_backward, csv)
-    canonical = resolve_schedule_name(name)
+    canonical = rules.resolve_schedule_name(name)
     style, split = SCHEDULE_STYLES[canonical]
     return ScheduleSpec(canonical, TORCH_CLASSES[canonical], style, split)
 
 
-def num_microbatches(local_batch_size: int, microbatch_size: int) -> int:
-    """Microbatches per step; the local batch must divide evenly."""
-    if local_batch_size % microbatch_size:
-        raise ConfigError(
-            f"training.local_batch_size = {local_batch_size} is not divisible by "
-            f"parallelism.pipeline_parallel_microbatch_size = {microbatch_size}; make the batch a multiple of it"
-        )
-    return local_batch_size // microbatch_size
-
-
 def check_microbatches(spec: ScheduleSpec, n_microbatches: int, pp: int, num_stages: int) -> None:
-    """torch's rules for each schedule, raised as a config error before any process waits on another."""
-    fix = "raise training.local_batch_size or lower parallelism.pipeline_parallel_microbatch_size"
-    have = f"{n_microbatches} microbatches (local batch / microbatch size)"
-    if spec.csv is not None:
-        if spec.csv.n_microbatches != n_microbatches:
-            raise ConfigError(
-                f"parallelism.pipeline_parallel_schedule_csv = {spec.csv.path} schedules {spec.csv.n_microbatches} "
-                f"microbatches but the step has {have}; make them equal"
-            )
-        return
-    if spec.name in ("1F1B", "DualPipeV") and n_microbatches < num_stages:
+    """A CSV schedule's microbatches are the step's; a named schedule's follow torch's rules (pipeline/rules.py)."""
+    if spec.csv is None:
+        rules.check_microbatches(spec.name, n_microbatches, pp, num_stages)
+    elif spec.csv.n_microbatches != n_microbatches:
         raise ConfigError(
-            f"pipeline schedule {spec.name} needs at least {num_stages} microbatches (one per stage) "
-            f"but has {have}; {fix}"
+            f"parallelism.pipeline_parallel_schedule_csv = {spec.csv.path} schedules {spec.csv.n_microbatches} "
+            f"microbatches but the step has {n_microbatches} microbatches (local batch / microbatch size); make them "
+            "equal"
         )
-    if spec.name in ("Interleaved1F1B", "InterleavedZeroBubble"):
-        rounds = max(1, n_microbatches // pp)
-        if n_microbatches % rounds:
-            raise ConfigError(
-                f"pipeline schedule {spec.name} needs the microbatch count to be a multiple of its rounds "
-                f"max(1, microbatches // pp) = {rounds} but has {have}; use a multiple of pp = {pp}"
-            )
 
 
 def read_csv_schedule(path: str, pp: int) -> CsvSchedule:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from meshforge.config.schema import Parallelism
@@ -31,16 +32,29 @@ def module_order(n_layers: int) -> list[str]:
 
 
 def num_stages_for(cfg: Parallelism, n_layers: int, pp: int, style: Style) -> int:
-    """Total stages: from explicit module names, from layers_per_stage, or the schedule's default (1 or 2 per rank)."""
-    if cfg.module_fqns_per_model_part:
-        num_stages = len(cfg.module_fqns_per_model_part)
+    """Total stages of a config's pipeline (``count_stages`` of its parallelism section)."""
+    return count_stages(
+        n_layers,
+        pp,
+        style,
+        explicit=len(cfg.module_fqns_per_model_part),
+        layers_per_stage=cfg.pipeline_parallel_layers_per_stage,
+        first_less=cfg.pipeline_parallel_first_stage_less_layers,
+        last_less=cfg.pipeline_parallel_last_stage_less_layers,
+    )
+
+
+def count_stages(
+    n_layers: int, pp: int, style: Style, *, explicit: int, layers_per_stage: int, first_less: int, last_less: int
+) -> int:
+    """Total stages: ``explicit`` module lists, else from layers_per_stage, else the schedule's default (1 or 2 per
+    rank)."""
+    if explicit:
+        num_stages = explicit
         source = f"parallelism.module_fqns_per_model_part has {num_stages} stages"
-    elif cfg.pipeline_parallel_layers_per_stage > 0:
-        per_stage = cfg.pipeline_parallel_layers_per_stage
-        effective = n_layers + cfg.pipeline_parallel_first_stage_less_layers
-        effective += cfg.pipeline_parallel_last_stage_less_layers
-        num_stages = math.ceil(effective / per_stage)
-        source = f"parallelism.pipeline_parallel_layers_per_stage = {per_stage} gives {num_stages} stages"
+    elif layers_per_stage > 0:
+        num_stages = math.ceil((n_layers + first_less + last_less) / layers_per_stage)
+        source = f"parallelism.pipeline_parallel_layers_per_stage = {layers_per_stage} gives {num_stages} stages"
     else:
         return pp if style == "single" else 2 * pp
     check_stages_per_rank(num_stages, pp, style, source)
@@ -119,16 +133,29 @@ def validate_stage_modules(stages: list[list[str]], n_layers: int) -> None:
 
 
 def stage_modules(cfg: Parallelism, n_layers: int, num_stages: int) -> list[list[str]]:
-    """The validated module names of every stage (explicit ones, else the even split)."""
-    if cfg.module_fqns_per_model_part:
-        stages = [list(names) for names in cfg.module_fqns_per_model_part]
+    """The validated module names of every stage of a config's pipeline (``split_stages`` of its section)."""
+    return split_stages(
+        n_layers,
+        num_stages,
+        explicit=cfg.module_fqns_per_model_part,
+        first_less=cfg.pipeline_parallel_first_stage_less_layers,
+        last_less=cfg.pipeline_parallel_last_stage_less_layers,
+    )
+
+
+def split_stages(
+    n_layers: int, num_stages: int, *, explicit: Sequence[Sequence[str]], first_less: int, last_less: int
+) -> list[list[str]]:
+    """The validated module names of every stage (``explicit`` ones, else the even split)."""
+    if explicit:
+        stages = [list(names) for names in explicit]
     else:
-        first, last = cfg.pipeline_parallel_first_stage_less_layers, cfg.pipeline_parallel_last_stage_less_layers
-        if first < 0 or last < 0:
+        if first_less < 0 or last_less < 0:
             raise ConfigError(
-                f"pipeline_parallel_first/last_stage_less_layers = {first}/{last} must be >= 0; set them to 0 or more"
+                f"pipeline_parallel_first/last_stage_less_layers = {first_less}/{last_less} must be >= 0; set them "
+                "to 0 or more"
             )
-        stages = split_evenly(n_layers, num_stages, first, last)
+        stages = split_evenly(n_layers, num_stages, first_less, last_less)
     validate_stage_modules(stages, n_layers)
     return stages
 

@@ -30,6 +30,8 @@ from meshforge.errors import ConfigError
 from meshforge.model.llama import Transformer
 from meshforge.parallel.cpu_offload import materialize
 from meshforge.parallel.dims import ParallelDims, sub_mesh
+from meshforge.parallel.layout import resolve_reshard_after_forward
+from meshforge.parallel.pipeline import rules
 from meshforge.parallel.pipeline.bubble import (
     BusyClock,
     compute_actions,
@@ -42,7 +44,6 @@ from meshforge.parallel.pipeline.schedule import (
     ScheduleSpec,
     build_schedule,
     check_microbatches,
-    num_microbatches,
     schedule_spec,
 )
 from meshforge.parallel.pipeline.split import (
@@ -190,27 +191,6 @@ class Pipeline:
         return out
 
 
-def check_compatibility(spec: ScheduleSpec, cfg: Parallelism, dims: ParallelDims, compile_enabled: bool) -> None:
-    """Combinations that cannot be right: refuse them instead of training silently wrong."""
-    if not spec.split_backward:
-        return
-    if dims.fsdp_enabled and cfg.fsdp_reshard_after_forward == "always":
-        # torch's split backward (stage_backward_input) finds the weights to differentiate from
-        # `stage.submod.parameters()` when the I action runs. With reshard-after-forward, FSDP2 has swapped the
-        # sharded DTensor parameters back onto the modules after forward, and those are not the unsharded tensors
-        # the forward graph used: no gradient path is found, the W action computes nothing for them, and their
-        # gradients stay None (see docs/pipeline.md, "FSDP resharding and zero-bubble schedules").
-        raise ConfigError(
-            f"parallelism.fsdp_reshard_after_forward = 'always' with the {spec.name} schedule gives wrong gradients "
-            "(its split input/weight backward loses the weights FSDP resharded); use 'default' or 'never'"
-        )
-    if compile_enabled:
-        raise ConfigError(
-            f"compile.enable = true with the {spec.name} schedule: torch cannot split the backward of compiled "
-            "blocks into input and weight gradients; disable compile or use 1F1B / Interleaved1F1B"
-        )
-
-
 def plan_stages(spec: ScheduleSpec, cfg: Parallelism, n_layers: int, pp: int) -> tuple[list[list[str]], dict[int, int]]:
     """Module names of every stage and the pipeline rank of every stage."""
     if spec.csv is None:
@@ -242,18 +222,6 @@ class PipelinePlan:
     stage_rank: dict[int, int]
 
 
-def check_activation_checkpoint(spec: ScheduleSpec, ac: ActivationCheckpoint | None) -> None:
-    """Per-op selective AC cannot run a split backward: its cache of saved op outputs is consumed by the input-gradient
-    pass, so the weight-gradient pass of the same region fails ("Trying to backward an extra time"). Full AC and
-    every-N-th-block AC recompute the region each time and give the same gradients as no AC."""
-    if spec.split_backward and ac is not None and ac.mode == "selective" and ac.selective_ac_option == "op":
-        raise ConfigError(
-            f"activation_checkpoint.selective_ac_option = 'op' (the default) does not work with the {spec.name} "
-            "schedule's split input/weight backward; set activation_checkpoint.mode = 'full' or 'none', or "
-            "selective_ac_option = N (every N-th block)"
-        )
-
-
 def plan_pipeline(
     parallelism: Parallelism,
     training: Training,
@@ -262,13 +230,22 @@ def plan_pipeline(
     compile_enabled: bool,
     ac: ActivationCheckpoint | None = None,
 ) -> PipelinePlan:
-    """Every pipeline check and the stage split, without building anything (used by training and the dry run)."""
+    """The stage split and schedule, without building anything (used by training and the dry run); every rule is
+    pipeline/rules.py's (``Layout.check`` asked them already, except a CSV schedule's, read here)."""
     spec = schedule_spec(parallelism.pipeline_parallel_schedule, parallelism.pipeline_parallel_schedule_csv, dims.pp)
-    n_micro = num_microbatches(training.local_batch_size, parallelism.pipeline_parallel_microbatch_size)
+    n_micro = rules.num_microbatches(training.local_batch_size, parallelism.pipeline_parallel_microbatch_size)
     modules, ranks = plan_stages(spec, parallelism, n_layers, dims.pp)
     check_microbatches(spec, n_micro, dims.pp, len(modules))
-    check_compatibility(spec, parallelism, dims, compile_enabled)
-    check_activation_checkpoint(spec, ac)
+    resharding = dims.fsdp_enabled and resolve_reshard_after_forward(parallelism.fsdp_reshard_after_forward, True)
+    rules.check_split_backward(spec.name, spec.split_backward, resharding=resharding)
+    if spec.csv is not None:
+        rules.check_csv_split_backward(
+            spec.name,
+            spec.split_backward,
+            compile_enabled=compile_enabled,
+            ac_mode=ac.mode if ac is not None else "none",
+            ac_option=ac.selective_ac_option if ac is not None else "op",
+        )
     return PipelinePlan(spec, n_micro, modules, ranks)
 
 

@@ -46,6 +46,7 @@ PREDICTION_SOURCES = (
     "parallel/pipeline/simulator.py",
     "parallel/pipeline/catalog.py",
     "parallel/pipeline/split.py",
+    "parallel/pipeline/rules.py",
     "parallel/degrees.py",
     "parallel/layout.py",
     "parallel/accumulation.py",

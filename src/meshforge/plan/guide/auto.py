@@ -2,12 +2,12 @@
 
 Training never imports the planner (docs/architecture.md: train/ is floor 5, plan/ floor 6), so the pick happens
 before training starts, in the top-level command (meshforge/cli.py, floor 8): ``resolve_train_argv`` turns
-``--parallelism.auto`` into the explicit flags of the layout it picks (guide.layout_overrides), and torchrun's ranks
-get those flags, never the search. The pick: plan/search/advisor.py's ranking for the world size (``--nproc N``, else
-1), the device (``--hardware NAME|FILE``: a preset, a shipped stack or a stack profile; default ``cpu`` when training
-runs on a CPU, else ``h100``) and the job's model, sequence and batch; then, fastest first, the first whose exact
-fake-tensor peak (tools/memory_cli.py exact_memory: the real step on fake tensors as rank 0) with the profile's
-allocator slack fits the device. A layout the exact run says does not fit is never picked.
+``--parallelism.auto`` into the explicit flags of the layout it picks (parallel/layout.py Layout.to_train_flags), and
+torchrun's ranks get those flags, never the search. The pick: plan/search/advisor.py's ranking for the world size
+(``--nproc N``, else 1), the device (``--hardware NAME|FILE``: a preset, a shipped stack or a stack profile; default
+``cpu`` when training runs on a CPU, else ``h100``) and the job's model, sequence and batch; then, fastest first, the
+first whose exact fake-tensor peak (tools/memory_cli.py exact_memory: the real step on fake tensors as rank 0) with the
+profile's allocator slack fits the device. A layout the exact run says does not fit is never picked.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from meshforge.config.io import ConfigError, load_config
 from meshforge.config.schema import JobConfig
 from meshforge.plan.accuracy import stack
-from meshforge.plan.guide.guide import layout_overrides
 from meshforge.plan.hardware import GIB, HardwareProfile, auto_param_dtype
 from meshforge.plan.layout import layout_from_config
 from meshforge.plan.physics.estimate import Estimate
@@ -60,7 +59,7 @@ def _take(argv: list[str], flag: str) -> tuple[list[str], str | None]:
 
 def _flags(est: Estimate) -> list[str]:
     """The layout's training flags, every degree spelled out (a degree the user gave must not survive the pick)."""
-    out = layout_overrides(est.layout, [])
+    out = est.layout.to_train_flags()
     for key in (
         "data_parallel_replicate",
         "tensor_parallel",

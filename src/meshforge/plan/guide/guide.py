@@ -73,44 +73,6 @@ def base_overrides(model: Sequence[str], world: int, seq_len: int) -> list[str]:
     ]
 
 
-def layout_overrides(layout: Layout, model: Sequence[str]) -> list[str]:
-    """The `meshforge train` flags (TorchTitan's spellings) that run ``layout``."""
-    out = [
-        *model,
-        "--training.seq_len",
-        str(layout.seq_len),
-        "--training.local_batch_size",
-        str(layout.local_batch_size),
-    ]
-    out += ["--parallelism.data_parallel_shard_degree", str(layout.dp_shard)]
-    for key, value in (
-        ("data_parallel_replicate_degree", layout.dp_replicate),
-        ("tensor_parallel_degree", layout.tp),
-        ("pipeline_parallel_degree", layout.pp),
-        ("context_parallel_degree", layout.cp),
-        ("expert_parallel_degree", layout.ep),
-    ):
-        if value > 1:
-            out += [f"--parallelism.{key}", str(value)]
-    if layout.pp > 1:
-        out += ["--parallelism.pipeline_parallel_schedule", layout.schedule]
-        out += ["--parallelism.pipeline_parallel_microbatch_size", str(layout.microbatch_size)]
-    if layout.cp > 1:
-        out += ["--parallelism.context_parallel_impl", layout.cp_impl]
-    out += ["--activation_checkpoint.mode", layout.ac_mode]
-    if layout.ac_mode == "selective":
-        out += ["--activation_checkpoint.selective_ac_option", layout.sac_option]
-    if layout.compile:
-        out.append("--compile.enable")
-    if layout.float8:
-        out.append("--quantize.dense.float8.enable")
-    if layout.async_tp:
-        out.append("--parallelism.enable_async_tensor_parallel")
-    out += ["--training.loss_chunks", str(layout.loss_chunks)] if layout.loss_chunks > 1 else []  # memory levers
-    out += ["--activation_checkpoint.offload"] if layout.activation_offload else []
-    return out + (["--training.enable_cpu_offload"] if layout.cpu_offload else [])
-
-
 def _summary(est: Estimate, hw: HardwareProfile, model: Sequence[str]) -> dict[str, Any]:
     iv = interval(est, hw)
     return {
@@ -129,7 +91,7 @@ def _summary(est: Estimate, hw: HardwareProfile, model: Sequence[str]) -> dict[s
         "usable_gib": iv.usable_gib,
         "mfu_pct": est.mfu_pct,
         "time_per_token": {k: v / est.layout.tokens_per_device_step for k, v in est.time.items()},
-        "overrides": layout_overrides(est.layout, model),
+        "overrides": [*model, *est.layout.to_train_flags()],
     }
 
 
