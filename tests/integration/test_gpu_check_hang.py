@@ -30,7 +30,7 @@ open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.pid"), "w").write(str(os.
 print(f"rank {dist.get_rank()} hangs", flush=True)
 time.sleep(3600)
 """
-BUDGET_S = 40
+BUDGET_S = 30  # the ranks wrote their pids 12.3 s after the start at load 5.5 on 2 cores; the test waits all of it
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 

@@ -1,6 +1,7 @@
 """The SLURM example checked the way it runs: scripts/slurm_bench.sh prints each node's command (PRINT_COMMANDS=1),
 and the test runs both as two local "nodes" (1 rank each, c10d rendezvous on 127.0.0.1): the 2-rank run of a tiny
-matrix spans both nodes and node 0 writes its result."""
+matrix spans both nodes and node 0 writes its result. Two repetitions (not the default 3): the nodes meet again under
+the run's one rendezvous id and must agree on the repetitions; a third adds nothing to that."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ seq_len = 64
 global_batch_size = 4
 warmup_steps = 1
 measured_steps = 1
+repeat = 2
 timeout_s = 240
 baseline = "fsdp"
 

@@ -74,3 +74,27 @@ def test_a_failing_planner_does_not_lose_the_report(
     assert results["prediction"]["error"].startswith("AttributeError: 'Layout'")
     assert "predictions failed (AttributeError" in capsys.readouterr().err
     assert "fits failed (AttributeError" in analysis.prediction_lines(results)[0]
+
+
+def test_no_warm_launcher_for_a_sweep_whose_runs_would_not_use_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused layout starts nothing and a fault-tolerant row its own groups: the warm launcher (seconds of imports
+    before the first run) is not started for them; a run that starts from it still gets it."""
+    head = {
+        "name": "m",
+        "flavor": "tiny",
+        "seq_len": 64,
+        "global_batch_size": 4,
+        "warmup_steps": 1,
+        "measured_steps": 1,
+    }
+    runs = [
+        {"name": "tp_bad", "ranks": 4, "tp": 4},
+        {"name": "ft", "ranks": 4, "dp_replicate": 2, "fault_tolerance": True},
+    ]
+    matrix = parse_matrix({"bench": head, "run": [*runs, {"name": "fsdp", "ranks": 2}]}, device="cpu")
+    started: list[object] = []
+    monkeypatch.setattr(cli, "WarmLauncher", lambda env: started.append(env) or type("W", (), {"usable": True})())
+    assert cli.start_warm(matrix, tmp_path, Launch(), matrix.runs[:2]) is None and not started
+    assert cli.start_warm(matrix, tmp_path, Launch(), matrix.runs) is not None and len(started) == 1

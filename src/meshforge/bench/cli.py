@@ -23,6 +23,7 @@ from meshforge.bench.runner import (
     SweepPlan,
     build_results,
     command,
+    layout_refusal,
     plan_sweep,
     run_env,
     run_one,
@@ -226,8 +227,10 @@ def sweep(matrix: BenchMatrix, plan: SweepPlan, out: Path, launch: Launch) -> di
 
 
 def start_warm(matrix: BenchMatrix, out: Path, launch: Launch, todo: list[BenchRun]) -> WarmLauncher | None:
-    """The warm launcher for this sweep's one-node runs (None when not asked for, not needed, or unable to start)."""
-    if not launch.warm or launch.nnodes > 1 or not todo:
+    """The warm launcher for this sweep's one-node runs (None when not asked for, not needed, or unable to start).
+    Not needed: no run would start from it (fault-tolerant rows start their own groups; a layout the model refuses
+    starts nothing), e.g. ``--force --only`` a refused run."""
+    if not launch.warm or launch.nnodes > 1 or all(run.fault_tolerance or layout_refusal(matrix, run) for run in todo):
         return None
     env = run_env(matrix, todo[0], out) | {"OMP_NUM_THREADS": "1"}
     warm = WarmLauncher(env)
