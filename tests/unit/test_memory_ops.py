@@ -69,7 +69,7 @@ def test_sequence_parallel_block_saves_the_sequence_shard_not_the_gathered_input
     """Under SP the q/k/v and w1/w3 inputs are saved as the sequence shard (parallel/sequence_shard_saves.py): one
     (batch, seq / tp, dim) storage each, no gathered (batch x seq, dim) one; the weights' local shards are no rows."""
     flags = ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "none"]
-    cfg = load_config(None, [*TINY, *flags, "--training.mixed_precision_param", "bfloat16"])
+    cfg = load_config(None, [*TINY, *flags, "--training.mixed_precision_param", "float32"])  # bf16: autocast's casts
     args = resolve_model_args(cfg.model, cfg.training.seq_len)
     saved = saved_by_op(cfg, 2, args, ParallelDims.from_config(cfg.parallelism, 2))
     for module in ("attention", "feed_forward"):
@@ -112,8 +112,8 @@ def test_by_op_without_dry_run_is_one_line(capsys: pytest.CaptureFixture[str]) -
 def test_lean_saves_false_keeps_dtensors_gathered_saves_under_sequence_parallel() -> None:
     flags = ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "none"]
     cfg = load_config(
-        None, [*TINY, *flags, "--training.mixed_precision_param", "bfloat16", "--model.lean_saves", "false"]
-    )
+        None, [*TINY, *flags, "--training.mixed_precision_param", "float32", "--model.lean_saves", "false"]
+    )  # float32: without FSDP a bf16 run is autocast's, whose cast copy of the gathered input is what the matmul saves
     args = resolve_model_args(cfg.model, cfg.training.seq_len)
     saved = saved_by_op(cfg, 2, args, ParallelDims.from_config(cfg.parallelism, 2))
     gathered = [(r.module, r.made_by, r.shape) for r in saved.block if r.made_by == "RedistributeBackward"]

@@ -28,21 +28,34 @@ SEQ_DIM = 1  # (batch, seq, dim)
 class _GatheredLinears(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, shard: torch.Tensor, mesh: DeviceMesh, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        ctx.dtypes = (shard.dtype, *(w.dtype for w in weights))
+        shard, *cast = autocast_inputs(shard, *weights)  # backward runs outside autocast: it gets the cast operands
         gathered = gather(shard, mesh)  # (batch, seq, dim)
-        ctx.save_for_backward(shard, *weights)
+        ctx.save_for_backward(shard, *cast)
         ctx.mesh = mesh
-        return tuple(F.linear(gathered, w) for w in weights)
+        return tuple(F.linear(gathered, w) for w in cast)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         shard, *weights = ctx.saved_tensors
+        grads = tuple(g.to(shard.dtype) for g in grads)
         gathered = gather(shard, ctx.mesh).flatten(0, -2)  # (tokens, dim), gathered again
-        grad_weights = [g.flatten(0, -2).t() @ gathered for g in grads]  # (out, dim) each
+        grad_weights = [(g.flatten(0, -2).t() @ gathered).to(d) for g, d in zip(grads, ctx.dtypes[1:], strict=True)]
         grad_input = grads[0] @ weights[0]
         for g, w in zip(grads[1:], weights[1:], strict=True):
             grad_input = grad_input + g @ w
         grad_shard = funcol.reduce_scatter_tensor(grad_input.contiguous(), "sum", scatter_dim=SEQ_DIM, group=ctx.mesh)
-        return (funcol.wait_tensor(grad_shard), None, *grad_weights)
+        return (funcol.wait_tensor(grad_shard).to(ctx.dtypes[0]), None, *grad_weights)
+
+
+def autocast_inputs(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """``tensors`` in autocast's compute dtype where autocast is on for their device (a run without FSDP in bf16 /
+    fp16, device/precision.py), as autocast would cast a matmul's operands; unchanged otherwise."""
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return list(tensors)
+    dtype = torch.get_autocast_dtype(device)
+    return [t.to(dtype) if t.is_floating_point() else t for t in tensors]
 
 
 def gather(shard: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:

@@ -83,7 +83,8 @@ class Layout:
     """CPU ranks: compute threads of each (0 = as many as the hardware probe used)."""
     lean_saves: bool = True
     """model.lean_saves: the lean step's saves (model/lean.py, parallel/sequence_shard_saves.py; Megatron's scheme
-    within 1.3 %, docs/benchmarks/memory-at-scale.md); False: autograd's op-by-op saves (plan/physics/memory.py)."""
+    within 1.3 %, docs/benchmarks/memory-at-scale.md); False: autograd's op-by-op saves (plan/physics/memory.py), as
+    TorchTitan's step saves (``impl torchtitan``; Megatron-based stacks' rows set it back: production.py)."""
     loss_chunks: int = 1
     """Memory levers (plan/physics/levers.py): training.loss_chunks, activation_checkpoint.offload and (below)
     training.enable_cpu_offload."""
@@ -254,7 +255,7 @@ def layout_from_config(
         accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
         cp_impl=par.context_parallel_impl,
         loss_chunks=cfg.training.loss_chunks,
-        lean_saves=cfg.model.lean_saves,
+        lean_saves=cfg.model.lean_saves and impl == "meshforge",  # TorchTitan's step saves op by op
         activation_offload=cfg.activation_checkpoint.offload,
         cpu_offload=cfg.training.enable_cpu_offload,
         gradient_sync=cfg.gradient_sync.mode,
