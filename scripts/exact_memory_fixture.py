@@ -18,7 +18,7 @@ from pathlib import Path
 
 from meshforge.config.io import load_config
 from meshforge.errors import ConfigError
-from meshforge.plan.accuracy.at_scale import NEMO_ROWS
+from meshforge.plan.accuracy.at_scale import NEMO_ROWS, NemoRow
 from meshforge.plan.accuracy.published import RUNS
 from meshforge.tools.memory_cli import exact_memory
 
@@ -34,7 +34,8 @@ def eager_overrides(overrides: tuple[str, ...]) -> tuple[str, ...]:
 def main(out: Path) -> int:
     records: dict[str, dict[str, object]] = {}
     for row in (*RUNS, *NEMO_ROWS):
-        overrides = eager_overrides(tuple(row.overrides.split()) if isinstance(row.overrides, str) else row.overrides)
+        published = row.as_published.split() if isinstance(row, NemoRow) else row.overrides
+        overrides = eager_overrides(tuple(published))
         key = f"{row.world_size}:{' '.join(overrides)}"
         if key in records:
             records[key]["rows"].append(row.key)  # type: ignore[attr-defined]

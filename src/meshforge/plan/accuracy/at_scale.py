@@ -89,6 +89,11 @@ class NemoRow:
     def stack(self) -> str:
         return f"nemo-h100-{self.precision}"
 
+    @property
+    def as_published(self) -> str:
+        """The overrides with NeMo's own AC (the exact step's layout: scripts/exact_memory_fixture.py)."""
+        return f"{self.overrides} --activation_checkpoint.mode {PUBLISHED_AC}"
+
 
 def _rows() -> tuple[NemoRow, ...]:
     out = []

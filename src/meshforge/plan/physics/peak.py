@@ -274,7 +274,9 @@ def _gathered(args: ModelArgs, layout: Layout, parts: RankParts) -> Gathered:
     e, r = DTYPE_BYTES[layout.param_dtype], DTYPE_BYTES[layout.reduce_dtype]
     a = 4 if layout.param_dtype == "float32" else DTYPE_BYTES[layout.accumulate_dtype]  # parallel/fsdp.py accumulate_in
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
-    p2p = 2 * len(parts.stage_layers) * tokens * args.dim * e / layout.tp if layout.pp > 1 else 0.0
+    # parallel/pipeline/free_outputs.py: sent outputs keep their autograd node only, idle receive buffers are released;
+    # a stage input is a block's saved activation; left: the gradient being received (one boundary, sequence-sharded)
+    p2p = tokens * args.dim * e / layout.tp if layout.pp > 1 else 0.0
     if not (layout.fsdp_size > 1 or layout.dp_replicate > 1):
         return Gathered(p2p=p2p)
     layer_numel = part_numel(args, "block", layout.tp, 1)
