@@ -275,8 +275,10 @@ def _gathered(args: ModelArgs, layout: Layout, parts: RankParts) -> Gathered:
     a = 4 if layout.param_dtype == "float32" else DTYPE_BYTES[layout.accumulate_dtype]  # parallel/fsdp.py accumulate_in
     tokens = layout.microbatch_sequences * layout.seq_len / layout.cp
     # parallel/pipeline/free_outputs.py: sent outputs keep their autograd node only, idle receive buffers are released;
-    # a stage input is a block's saved activation; left: the gradient being received (one boundary, sequence-sharded)
-    p2p = tokens * args.dim * e / layout.tp if layout.pp > 1 else 0.0
+    # a stage input is a block's saved activation; left: the gradient being received (one boundary, sequence-sharded).
+    # TorchTitan's stages keep torch's (priced as a send and a receive buffer per stage, as the fit saw them)
+    boundaries = 1 if layout.impl == "meshforge" else 2 * len(parts.stage_layers)
+    p2p = boundaries * tokens * args.dim * e / layout.tp if layout.pp > 1 else 0.0
     if not (layout.fsdp_size > 1 or layout.dp_replicate > 1):
         return Gathered(p2p=p2p)
     layer_numel = part_numel(args, "block", layout.tp, 1)
