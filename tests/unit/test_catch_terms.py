@@ -56,15 +56,18 @@ def test_cpu_offload_copies_at_a_pipeline_degree(reshard: bool) -> None:
     assert got["optimizer"] == pytest.approx(10**9 * 48 / 20e9)
 
 
+@pytest.mark.parametrize("lean", [True, False])
 @pytest.mark.parametrize(("dtype", "e"), [("bfloat16", 2), ("float32", 4)])
 @pytest.mark.parametrize("tp", [1, 2, 8])
-def test_loss_bytes_in_each_dtype_at_each_tp(dtype: str, e: int, tp: int) -> None:
-    """The head's saved inputs (the norm's: e + 8 eager, sequence-sharded / tp; the projection's: e, whole) and the
-    loss's logits: 12 fp32 bytes each (16 under loss parallel), vocab / tp of them, one chunk's."""
-    lay = layout(tp=tp, dp_shard=2, param_dtype=dtype, loss_chunks=4)
+def test_loss_bytes_in_each_dtype_at_each_tp(dtype: str, e: int, tp: int, lean: bool) -> None:
+    """The head's saved inputs (the norm's, sequence-sharded / tp: its input in the lean step, e, or eager autograd's
+    e + 8; the projection's: e, whole) and the loss's logits: 12 fp32 bytes each (16 under loss parallel), vocab / tp
+    of them, one chunk's."""
+    lay = dataclasses.replace(layout(tp=tp, dp_shard=2, param_dtype=dtype, loss_chunks=4), lean_saves=lean)
     tokens = 4 * 8192
     per_logit = 16 if tp > 1 else 12
-    want = tokens * DIM * ((e + 8) / tp + e) + per_logit * tokens * VOCAB / tp / 4
+    norm = e if lean else e + 8
+    want = tokens * DIM * (norm / tp + e) + per_logit * tokens * VOCAB / tp / 4
     assert peak.loss_bytes(get_flavor("8B"), lay, tokens) == pytest.approx(want, rel=1e-12)
 
 
@@ -74,8 +77,9 @@ def test_loss_bytes_in_each_dtype_at_each_tp(dtype: str, e: int, tp: int) -> Non
 def test_pipeline_buffers_in_each_dtype_at_tp_and_pp(
     reduce_dtype: str, accumulate_dtype: str, param_dtype: str, e: int
 ) -> None:
-    """A pipeline rank under FSDP x TP: its send / receive buffers (2 per stage, microbatch x seq x dim activations
-    in the param dtype, / tp) and the microbatches' accumulated unsharded gradients in gradient_sync.accumulate_dtype
+    """A pipeline rank under FSDP x TP: its pipeline buffers (microbatch x seq x dim activations in the param dtype,
+    / tp: meshforge's stages keep the gradient being received, free_outputs.py; TorchTitan's a send and a receive
+    buffer per stage) and the microbatches' accumulated unsharded gradients in gradient_sync.accumulate_dtype
     whatever the reduce dtype (fp32 parameters: fp32; parallel/fsdp.py accumulate_in)."""
     args = get_flavor("8B")
     lay = layout(tp=2, pp=2, dp_shard=2, param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -83,7 +87,8 @@ def test_pipeline_buffers_in_each_dtype_at_tp_and_pp(
     r = 2 if accumulate_dtype == "bfloat16" and param_dtype == "bfloat16" else 4
     parts = RankParts(layers=16, embedding=False, head=False, stage_layers=(16,))
     g = peak._gathered(args, lay, parts)
-    assert g.p2p == 2 * 1 * 8192 * DIM * e / 2
+    assert g.p2p == 1 * 8192 * DIM * e / 2
+    assert peak._gathered(args, dataclasses.replace(lay, impl="torchtitan"), parts).p2p == 2 * 1 * 8192 * DIM * e / 2
     hidden = 14336
     block = 2 * DIM + (DIM * DIM + 2 * DIM * 1024 + DIM * DIM) / 2 + 3 * DIM * hidden / 2  # norms; q k v o; w1 w2 w3
     assert g.accumulated == 16 * block * r
