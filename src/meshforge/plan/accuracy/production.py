@@ -19,9 +19,10 @@ FSDP shards optimizer states and gradients without resharding the weights after 
 under pipeline parallel); no Float8 (BF16 figures); activation checkpointing as the paper states it: none at 8K
 (section 3.3.2, on its pipeline memory work: 8K-token sequences pre-trained without activation checkpointing), and
 at 128K, where it says nothing, full AC (the reading kept from before). The model disagrees with the paper's memory:
-TorchTitan's saved tensors under torch's Interleaved1F1B (46 micro-batch chunks in flight on the first rank) need
-233-318 GiB at 8K without AC, where Meta ran in 80 GB with its own schedule and by freeing each stage's inputs and
-outputs (section 3.3.2), which the model does not know: the memory column says so rather than the throughput reading
+Megatron's saves (the lean step's, ``megatron_saves``) under torch's Interleaved1F1B (46-47 micro-batch chunks in
+flight on the first rank) need 98-130 GiB at 8K without AC (233-318 with TorchTitan's saves, before issue 44; the
+exact step: 99.1 GiB of tensors on the 8,192-GPU row), where Meta ran in 80 GB with its own schedule and freeing
+(section 3.3.2), which the model does not know: the memory column says so rather than the throughput reading
 bending to it. This reading was changed after the earlier one (full AC everywhere, chosen because it is the one mode
 the model admits in 80 GB) was seen to miss by 22-32 %: the change follows the paper's text, not the error, and both
 are printed (``READING_BEFORE``);
