@@ -15,4 +15,4 @@ if [ -d gpu_wheels ] && compgen -G "gpu_wheels/*.whl" >/dev/null && [ ! -e "$SIT
   "$PY" -m pip install -q --no-index --no-deps --target "$SITE" gpu_wheels/*.whl && touch "$SITE/.done"
 fi
 export PYTHONPATH="$PWD/src:$PWD/$SITE${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
-exec "$PY" scripts/gpu_check.py "$@"
+exec "$PY" "${GPU_DRIVER:-scripts/gpu_check.py}" "$@"  # scripts/gpu_window.sh sets its own driver

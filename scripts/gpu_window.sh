@@ -10,10 +10,5 @@
 # outputs/gpu_site (on PYTHONPATH), never into the image's Python, as for scripts/gpu_check.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-SITE=outputs/gpu_site
-if [ -d gpu_wheels ] && compgen -G "gpu_wheels/*.whl" >/dev/null && [ ! -e "$SITE/.done" ]; then
-  "$PY" -m pip install -q --no-index --no-deps --target "$SITE" gpu_wheels/*.whl && touch "$SITE/.done"
-fi
-export PYTHONPATH="$PWD/src:$PWD/$SITE${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
-exec "$PY" scripts/gpu_window.py "$@"
+export GPU_DRIVER=scripts/gpu_window.py  # gpu_check.sh: the same wheels, paths and environment, this driver
+exec bash scripts/gpu_check.sh "$@"

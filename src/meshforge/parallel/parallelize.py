@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshforge.config.schema import ActivationCheckpoint, Compile, Float8, Parallelism, Training
+from meshforge.config.schema import ActivationCheckpoint, Compile, Float8, JobConfig, Parallelism, Training
 from meshforge.errors import ConfigError
 from meshforge.model.moe import moe_layers
 from meshforge.parallel.activation_ckpt import apply_ac
@@ -126,3 +126,26 @@ def parallelize(
             cpu_offload=training.enable_cpu_offload,
             accumulate_dtype=accumulate_dtype,
         )
+
+
+def parallelize_job(
+    model: nn.Module,
+    cfg: JobConfig,
+    dims: ParallelDims,
+    mesh: DeviceMesh | None,
+    parallelism: Parallelism | None = None,
+) -> None:
+    """``parallelize`` with a job's sections: the one mapping training and the dry run / exact memory step share
+    (``parallelism``: the section as applied, tools/dry_run.py's meta form; the job's own by default)."""
+    parallelize(
+        model,
+        dims,
+        mesh,
+        parallelism=parallelism or cfg.parallelism,
+        training=cfg.training,
+        ac=cfg.activation_checkpoint,
+        compile_cfg=cfg.compile,
+        float8=cfg.quantize.dense.float8,
+        expert_mesh=dims.build_expert_mesh(mesh),
+        accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
+    )

@@ -53,7 +53,7 @@ from meshforge.parallel.dims import AXES, ParallelDims
 from meshforge.parallel.distributed import clear_dtensor_caches
 from meshforge.parallel.float8 import resolve_emulation
 from meshforge.parallel.layout import Layout
-from meshforge.parallel.parallelize import parallelize
+from meshforge.parallel.parallelize import parallelize_job
 from meshforge.parallel.pipeline.split import module_order, prune_to_stage
 from meshforge.parallel.pipeline.stage import plan_pipeline
 
@@ -163,18 +163,7 @@ def meta_parallelism(par: Parallelism) -> Parallelism:
 def parallelize_meta(model: nn.Module, cfg: JobConfig, dims: ParallelDims, mesh: DeviceMesh | None) -> None:
     """``parallelize`` with the job's options as the meta build applies them (meta_parallelism): the one call the dry
     run's stages and the exact memory step (tools/memory_run.py) share, so the two cannot drift apart."""
-    parallelize(
-        model,
-        dims,
-        mesh,
-        parallelism=meta_parallelism(cfg.parallelism),
-        training=cfg.training,
-        ac=cfg.activation_checkpoint,
-        compile_cfg=cfg.compile,
-        float8=cfg.quantize.dense.float8,
-        expert_mesh=dims.build_expert_mesh(mesh),
-        accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
-    )
+    parallelize_job(model, cfg, dims, mesh, meta_parallelism(cfg.parallelism))
 
 
 def only_layers(model: nn.Module, names: list[str]) -> nn.Module:

@@ -47,7 +47,7 @@ from meshforge.parallel.distributed import LOCAL_BACKEND, DistContext, init_dist
 from meshforge.parallel.float8 import fsdp_float8_all_gather, precompute_float8_scales, resolve_emulation
 from meshforge.parallel.gradient_sync import keep_gathered, set_micro_step
 from meshforge.parallel.layout import Layout
-from meshforge.parallel.parallelize import parallelize
+from meshforge.parallel.parallelize import parallelize_job
 from meshforge.train.divergence import NonFiniteGuard, TrainingDiverged
 from meshforge.train.elastic import SaveClock, global_batch, keep_global_batch, saved_global_batch
 from meshforge.train.fault_tolerance import FaultTolerance, data_shard
@@ -197,18 +197,7 @@ def build_model_parts(
     model = build_model(model_args)
     model.document_mask = cfg.training.document_mask
     model.loss_chunks = cfg.training.loss_chunks
-    parallelize_part = functools.partial(
-        parallelize,
-        dims=dims,
-        mesh=mesh,
-        parallelism=cfg.parallelism,
-        training=cfg.training,
-        ac=cfg.activation_checkpoint,
-        compile_cfg=cfg.compile,
-        float8=cfg.quantize.dense.float8,
-        expert_mesh=dims.build_expert_mesh(mesh),
-        accumulate_dtype=cfg.gradient_sync.accumulate_dtype,
-    )
+    parallelize_part = functools.partial(parallelize_job, cfg=cfg, dims=dims, mesh=mesh)
     if dims.pp > 1:
         from meshforge.parallel.pipeline.stage import build_pipeline
 
